@@ -1,0 +1,710 @@
+"""Cluster specification: hosts, the devices on them, and the links between them.
+
+A `Cluster` is the device inventory the partitioner and the runtime work from. It is a
+frozen, JSON-serialisable value built one of four ways:
+
+- by hand or from JSON (`Cluster.from_dict`, `Cluster.from_json`);
+- from a TensorFlow cluster (`Cluster.from_tf_cluster_spec`, `Cluster.from_tf_config`):
+  one `Host` per TF task, whose devices are declared by type name, because a chief
+  cannot know the GPUs of a remote task before connecting to it;
+- as an emulation on this machine (`Cluster.local`): every declared device is a logical
+  CPU device "/device:CPU:i", optionally slowed by an emulated speed factor;
+- the paper's testbed (`paper_cluster`).
+
+A host is one TF task (one process); devices on one host talk over the intra-host link
+(PCIe), devices on different hosts over the inter-host network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import os
+import re
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+from hetpipe_tf.cluster.catalog import (
+    BUILTIN_TYPE_NAMES,
+    DeviceType,
+    canonical_type_name,
+    get_device_type,
+    register_device_type,
+)
+
+# Section 8.1 of the HetPipe paper: PCIe 3.0 x16 inside a node, 56 Gb/s InfiniBand between.
+PCIE3_X16_BANDWIDTH = 15.75e9
+INFINIBAND_56G_BANDWIDTH = 56e9 / 8
+
+# Job order of hosts (and so of `Cluster.devices`): the chief first, parameter servers last.
+_JOB_ORDER = {"chief": 0, "master": 1, "worker": 2}
+_PS_JOB = "ps"
+
+DeviceRef = Union["Device", str]
+TaskKey = Union[str, tuple[str, int]]
+
+
+def _bad(what: str, received: str, fix: str) -> ValueError:
+    return ValueError(f"{what}. Received: {received}; {fix}.")
+
+
+def _check_bandwidth(field: str, value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise _bad(f"{field} must be a number > 0 (bytes/s)", f"{field}={value!r}",
+                   "pass a positive bandwidth, e.g. 15.75e9 for PCIe 3.0 x16")
+
+
+_DEVICE_KIND_PATTERN = re.compile(r"(?:device:)?(CPU|GPU|XLA_CPU|XLA_GPU|TPU):\d+$", re.I)
+
+
+def tf_device_kind(tf_device: str) -> str | None:
+    """'GPU' or 'CPU' for a TF device string ("/job:w/task:0/device:GPU:1"), else None."""
+    m = _DEVICE_KIND_PATTERN.search(tf_device)
+    if m is None:
+        return None
+    return m.group(1).upper().replace("XLA_", "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One compute device of a cluster.
+
+    Attributes:
+      name: unique in the cluster, e.g. "host0/gpu0".
+      type_name: catalog key of its `DeviceType` (spellings like "TITAN V" are
+        normalised to "TITAN_V").
+      host: name of the `Host` it belongs to.
+      tf_device: the TensorFlow device string stages are placed on.
+      emulated_speed_factor: 1.0 = real speed; 0.5 = the runtime emulates a device of half
+        the speed (emulation only: a real device is never made slower on purpose).
+      memory_bytes: usable memory, or None for the type's full memory.
+    """
+
+    name: str
+    type_name: str
+    host: str
+    tf_device: str
+    emulated_speed_factor: float = 1.0
+    memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("name", "host", "tf_device"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or not value:
+                raise _bad(f"Device {field} must be a non-empty string",
+                           f"{field}={value!r}", f"pass a {field} string")
+        if not self.tf_device.startswith("/"):
+            raise _bad("Device tf_device must be a TensorFlow device string",
+                       f"tf_device={self.tf_device!r}",
+                       "use e.g. '/job:worker/replica:0/task:0/device:GPU:0'")
+        object.__setattr__(self, "type_name", canonical_type_name(self.type_name))
+        f = self.emulated_speed_factor
+        if (isinstance(f, bool) or not isinstance(f, numbers.Real)
+                or not math.isfinite(f) or f <= 0):
+            raise _bad(f"Device {self.name}: emulated_speed_factor must be > 0",
+                       f"emulated_speed_factor={f!r}",
+                       "use 1.0 for real speed or e.g. 0.5 for half speed")
+        object.__setattr__(self, "emulated_speed_factor", float(f))
+        m = self.memory_bytes
+        if m is not None and (isinstance(m, bool) or not isinstance(m, numbers.Integral)
+                              or m <= 0):
+            raise _bad(f"Device {self.name}: memory_bytes must be an int > 0 or None",
+                       f"memory_bytes={m!r}", "pass bytes, or None for the type's memory")
+        if m is not None:
+            object.__setattr__(self, "memory_bytes", int(m))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (the host is implied by the enclosing host entry)."""
+        return {
+            "name": self.name,
+            "type_name": self.type_name,
+            "tf_device": self.tf_device,
+            "emulated_speed_factor": self.emulated_speed_factor,
+            "memory_bytes": self.memory_bytes,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """A node: one TF task (process) with its devices.
+
+    Attributes:
+      name: unique in the cluster ("worker0", "host1").
+      devices: the devices on this host; a parameter-server task has none.
+      intra_bandwidth: bytes/s of the link between devices of this host (PCIe).
+      task: the TF (job, task index) address, or None for an emulated host.
+      address: "hostname:port" of the task, when known (tells which tasks share a machine).
+    """
+
+    name: str
+    devices: tuple[Device, ...]
+    intra_bandwidth: float
+    task: tuple[str, int] | None = None
+    address: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise _bad("Host name must be a non-empty string", f"name={self.name!r}",
+                       "pass a name such as 'host0'")
+        devices = tuple(self.devices)
+        for d in devices:
+            if not isinstance(d, Device):
+                raise _bad(f"Host {self.name}: devices must be Device values",
+                           f"device={d!r}", "build them with Device(...)")
+            if d.host != self.name:
+                raise _bad(f"Device {d.name} names another host than the one holding it",
+                           f"device.host={d.host!r}, host={self.name!r}",
+                           "set Device.host to the enclosing Host's name")
+        object.__setattr__(self, "devices", devices)
+        _check_bandwidth("intra_bandwidth", self.intra_bandwidth)
+        object.__setattr__(self, "intra_bandwidth", float(self.intra_bandwidth))
+        if self.task is not None:
+            task = tuple(self.task)
+            if (len(task) != 2 or not isinstance(task[0], str) or not task[0]
+                    or isinstance(task[1], bool) or not isinstance(task[1], numbers.Integral)
+                    or task[1] < 0):
+                raise _bad(f"Host {self.name}: task must be a (job, index) pair",
+                           f"task={self.task!r}", "pass e.g. ('worker', 0) or None")
+            object.__setattr__(self, "task", (task[0], int(task[1])))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return {
+            "name": self.name,
+            "intra_bandwidth": self.intra_bandwidth,
+            "task": list(self.task) if self.task is not None else None,
+            "address": self.address,
+            "devices": [d.to_dict() for d in self.devices],
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The hosts of a training job and the network between them.
+
+    Attributes:
+      hosts: the hosts, in order; `devices` follows this order.
+      inter_bandwidth: bytes/s of the network between two hosts.
+    """
+
+    hosts: tuple[Host, ...]
+    inter_bandwidth: float
+    _by_name: dict[str, Device] = dataclasses.field(
+        init=False, repr=False, compare=False, hash=False)
+    _host_by_name: dict[str, Host] = dataclasses.field(
+        init=False, repr=False, compare=False, hash=False)
+    _devices: tuple[Device, ...] = dataclasses.field(
+        init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        hosts = tuple(self.hosts)
+        object.__setattr__(self, "hosts", hosts)
+        _check_bandwidth("inter_bandwidth", self.inter_bandwidth)
+        object.__setattr__(self, "inter_bandwidth", float(self.inter_bandwidth))
+        host_by_name: dict[str, Host] = {}
+        by_name: dict[str, Device] = {}
+        tf_devices: dict[str, str] = {}
+        tasks: dict[tuple[str, int], str] = {}
+        for h in hosts:
+            if not isinstance(h, Host):
+                raise _bad("Cluster hosts must be Host values", f"host={h!r}",
+                           "build them with Host(...)")
+            if h.name in host_by_name:
+                raise _bad("Duplicate host name", f"name={h.name!r}",
+                           "give every host a unique name")
+            host_by_name[h.name] = h
+            if h.task is not None:
+                if h.task in tasks:
+                    raise _bad("Two hosts have the same TF task", f"task={h.task!r}",
+                               "give every host its own (job, index)")
+                tasks[h.task] = h.name
+            for d in h.devices:
+                if d.name in by_name:
+                    raise _bad("Duplicate device name", f"name={d.name!r}",
+                               "give every device a unique name, e.g. 'host1/gpu0'")
+                if d.tf_device in tf_devices:
+                    raise _bad("Two devices share one TF device",
+                               f"tf_device={d.tf_device!r} for {tf_devices[d.tf_device]!r} "
+                               f"and {d.name!r}", "map each device to its own TF device")
+                get_device_type(d.type_name)  # unknown type -> ValueError with known names
+                by_name[d.name] = d
+                tf_devices[d.tf_device] = d.name
+        if not by_name:
+            raise _bad("A cluster needs at least one compute device",
+                       f"hosts={[h.name for h in hosts]} with no devices",
+                       "declare devices for at least one host")
+        object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "_host_by_name", host_by_name)
+        object.__setattr__(self, "_devices", tuple(d for h in hosts for d in h.devices))
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """Every device, in host order."""
+        return self._devices
+
+    def device(self, name: DeviceRef) -> Device:
+        """The device with this name (a `Device` of this cluster is returned as is)."""
+        key = name.name if isinstance(name, Device) else name
+        try:
+            return self._by_name[key]
+        except (KeyError, TypeError):
+            raise _bad("Unknown device", f"name={key!r}",
+                       f"use one of {sorted(self._by_name)}") from None
+
+    def host(self, name: str) -> Host:
+        """The host with this name."""
+        try:
+            return self._host_by_name[name]
+        except (KeyError, TypeError):
+            raise _bad("Unknown host", f"name={name!r}",
+                       f"use one of {sorted(self._host_by_name)}") from None
+
+    def host_of(self, device: DeviceRef) -> Host:
+        """The host holding a device."""
+        return self._host_by_name[self.device(device).host]
+
+    def same_host(self, a: DeviceRef, b: DeviceRef) -> bool:
+        """Whether two devices sit on the same host."""
+        return self.device(a).host == self.device(b).host
+
+    def device_type(self, device: DeviceRef) -> DeviceType:
+        """The catalog entry of a device's type."""
+        return get_device_type(self.device(device).type_name)
+
+    def memory_of(self, device: DeviceRef) -> int:
+        """Usable memory of a device in bytes (its own limit, else its type's memory)."""
+        d = self.device(device)
+        return d.memory_bytes if d.memory_bytes is not None else self.device_type(d).memory_bytes
+
+    def device_is_emulated(self, device: DeviceRef) -> bool:
+        """True if the device stands in for another: slowed down, or a GPU type on a CPU."""
+        d = self.device(device)
+        kind = tf_device_kind(d.tf_device)
+        type_kind = self.device_type(d).kind.value
+        return d.emulated_speed_factor != 1.0 or (kind is not None and kind != type_kind)
+
+    @property
+    def is_emulated(self) -> bool:
+        """True if any device is emulated (see `device_is_emulated`)."""
+        return any(self.device_is_emulated(d) for d in self.devices)
+
+    def describe(self) -> str:
+        """Human-readable inventory; emulated devices are labelled as such."""
+        n_dev = len(self.devices)
+        head = (f"Cluster: {len(self.hosts)} host(s), {n_dev} device(s), "
+                f"inter-host {self.inter_bandwidth / 1e9:g} GB/s")
+        if self.is_emulated:
+            head += " [emulated: devices stand in for other device types on this machine]"
+        lines = [head]
+        for h in self.hosts:
+            task = f" task={h.task[0]}:{h.task[1]}" if h.task else ""
+            addr = f" at {h.address}" if h.address else ""
+            lines.append(f"  {h.name}{task}{addr} (intra-host {h.intra_bandwidth / 1e9:g} GB/s)")
+            if not h.devices:
+                lines.append("    (no compute devices)")
+            for d in h.devices:
+                gib = self.memory_of(d) / 2**30
+                note = ""
+                if self.device_is_emulated(d):
+                    note = f"  emulated, speed factor {d.emulated_speed_factor:g}"
+                lines.append(f"    {d.name}: {d.type_name}, {gib:.1f} GiB, "
+                             f"on {d.tf_device}{note}")
+        return "\n".join(lines)
+
+    # ----------------------------------------------------------- serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form. Custom (non built-in) device types travel with the cluster."""
+        custom = sorted({d.type_name for d in self.devices} - BUILTIN_TYPE_NAMES)
+        return {
+            "inter_bandwidth": self.inter_bandwidth,
+            "hosts": [h.to_dict() for h in self.hosts],
+            "device_types": [get_device_type(n).to_dict() for n in custom],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """`to_dict` as a JSON string."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Cluster:
+        """Inverse of `to_dict`. Custom device types in the dict are registered (an
+        equal registration is a no-op; a conflicting one is an error)."""
+        if not isinstance(d, Mapping):
+            raise _bad("A cluster dict must be a mapping", f"d={d!r}",
+                       "pass the output of Cluster.to_dict()")
+        unknown = sorted(set(d) - {"inter_bandwidth", "hosts", "device_types"})
+        if unknown or "hosts" not in d or "inter_bandwidth" not in d:
+            raise _bad("A cluster dict needs 'hosts' and 'inter_bandwidth' (and optionally "
+                       "'device_types') only", f"keys={sorted(d)}",
+                       "pass the output of Cluster.to_dict()")
+        for t in d.get("device_types") or ():
+            register_device_type(DeviceType.from_dict(t))
+        hosts = []
+        for h in d["hosts"]:
+            devices = tuple(
+                Device(name=x["name"], type_name=x["type_name"], host=h["name"],
+                       tf_device=x["tf_device"],
+                       emulated_speed_factor=x.get("emulated_speed_factor", 1.0),
+                       memory_bytes=x.get("memory_bytes"))
+                for x in h.get("devices", ())
+            )
+            task = h.get("task")
+            hosts.append(Host(name=h["name"], devices=devices,
+                              intra_bandwidth=h["intra_bandwidth"],
+                              task=tuple(task) if task is not None else None,
+                              address=h.get("address")))
+        return cls(hosts=tuple(hosts), inter_bandwidth=d["inter_bandwidth"])
+
+    @classmethod
+    def from_json(cls, path_or_str: str | os.PathLike[str]) -> Cluster:
+        """Load from a JSON string (starting with '{') or from a JSON file path."""
+        text = os.fspath(path_or_str)
+        if not text.lstrip().startswith("{"):
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        return cls.from_dict(json.loads(text))
+
+    # ------------------------------------------------------ TensorFlow clusters
+
+    @classmethod
+    def from_tf_cluster_spec(
+        cls,
+        cluster_spec: Any,
+        device_declarations: Mapping[TaskKey, Sequence[str]],
+        *,
+        inter_bandwidth: float = INFINIBAND_56G_BANDWIDTH,
+        intra_bandwidth: float = PCIE3_X16_BANDWIDTH,
+    ) -> Cluster:
+        """Build a cluster from a TF cluster and declared device types per task.
+
+        Args:
+          cluster_spec: a dict {job: [address, ...] or {index: address}}, a
+            `tf.train.ClusterSpec`, or a `ClusterResolver`.
+          device_declarations: task -> list of device type names, the task given as
+            "worker:1", "/job:worker/task:1" or ("worker", 1). Tasks without a declaration
+            have no compute devices; "ps" tasks must have none. Devices of task
+            (job, i) are placed on "/job:<job>/replica:0/task:<i>/device:<GPU|CPU>:<k>",
+            numbered per kind in declaration order.
+          inter_bandwidth: bytes/s between hosts (default: 56 Gb/s InfiniBand, Section 8.1).
+          intra_bandwidth: bytes/s inside a host (default: PCIe 3.0 x16, 15.75 GB/s).
+
+        Hosts are ordered chief, master, worker, other jobs by name, then ps; one host per
+        task, named "<job><index>" (e.g. "worker1"); devices are named "worker1/gpu0".
+        """
+        jobs = _cluster_spec_as_dict(cluster_spec)
+        declared = _normalise_declarations(device_declarations, jobs)
+        order = sorted(jobs, key=lambda j: (_JOB_ORDER.get(j, 3 if j != _PS_JOB else 4), j))
+        hosts = []
+        for job in order:
+            for index in sorted(jobs[job]):
+                host_name = f"{job}{index}"
+                counters: dict[str, int] = {}
+                devices = []
+                for type_name in declared.get((job, index), ()):
+                    kind = get_device_type(type_name).kind.value
+                    k = counters.get(kind, 0)
+                    counters[kind] = k + 1
+                    devices.append(Device(
+                        name=f"{host_name}/{kind.lower()}{k}",
+                        type_name=type_name,
+                        host=host_name,
+                        tf_device=f"/job:{job}/replica:0/task:{index}/device:{kind}:{k}",
+                    ))
+                hosts.append(Host(name=host_name, devices=tuple(devices),
+                                  intra_bandwidth=intra_bandwidth, task=(job, index),
+                                  address=jobs[job][index]))
+        return cls(hosts=tuple(hosts), inter_bandwidth=inter_bandwidth)
+
+    @classmethod
+    def from_tf_config(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        device_declarations: Mapping[TaskKey, Sequence[str]] | None = None,
+    ) -> Cluster:
+        """Build a cluster from the TF_CONFIG environment variable.
+
+        TF_CONFIG's "cluster" gives the tasks. An optional "hetpipe" section gives
+        {"devices": {"worker:0": ["TITAN_V", ...], ...}, "inter_bandwidth": float,
+        "intra_bandwidth": float, "device_types": [DeviceType.to_dict(), ...]} (custom
+        types are registered). `device_declarations` overrides "devices". Without any
+        declaration every "worker" task gets one LOCAL_CPU device (its CPU:0), which
+        describes a worker on a machine like this one.
+        """
+        env = os.environ if env is None else env
+        raw = env.get("TF_CONFIG")
+        if not raw:
+            raise _bad("TF_CONFIG is not set", "TF_CONFIG=None",
+                       "set it to JSON with a 'cluster' entry, or use from_tf_cluster_spec")
+        try:
+            config = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise _bad("TF_CONFIG is not valid JSON", f"TF_CONFIG={raw!r} ({e})",
+                       "fix the JSON") from None
+        if not isinstance(config, Mapping) or not config.get("cluster"):
+            raise _bad("TF_CONFIG has no 'cluster' entry", f"TF_CONFIG={raw!r}",
+                       "add 'cluster': {job: [addresses]}")
+        section = config.get("hetpipe") or {}
+        allowed = {"devices", "inter_bandwidth", "intra_bandwidth", "device_types"}
+        if not isinstance(section, Mapping) or set(section) - allowed:
+            raise _bad("TF_CONFIG 'hetpipe' section has unknown entries",
+                       f"hetpipe={section!r}", f"use only {sorted(allowed)}")
+        for t in section.get("device_types") or ():
+            register_device_type(DeviceType.from_dict(t))
+        declarations = device_declarations
+        if declarations is None:
+            declarations = section.get("devices")
+        if declarations is None:
+            declarations = {("worker", i): ["LOCAL_CPU"]
+                            for i in _cluster_spec_as_dict(config["cluster"]).get("worker", {})}
+        return cls.from_tf_cluster_spec(
+            config["cluster"], declarations,
+            inter_bandwidth=section.get("inter_bandwidth", INFINIBAND_56G_BANDWIDTH),
+            intra_bandwidth=section.get("intra_bandwidth", PCIE3_X16_BANDWIDTH),
+        )
+
+    # ---------------------------------------------------------------- emulation
+
+    @classmethod
+    def local(
+        cls,
+        device_types: Sequence[str | DeviceType] | Sequence[Sequence[str | DeviceType]],
+        *,
+        hosts: int = 1,
+        emulated_speed_factors: Sequence[float] | Mapping[str, float] | None = None,
+        intra_bandwidth: float = PCIE3_X16_BANDWIDTH,
+        inter_bandwidth: float = INFINIBAND_56G_BANDWIDTH,
+    ) -> Cluster:
+        """Emulate a cluster on this machine: device i is the logical CPU "/device:CPU:i".
+
+        Call `configure_logical_devices(len(cluster.devices))` before TensorFlow starts.
+        The device types keep their catalog memory and speed for planning; the runtime
+        slows device i down by `emulated_speed_factor` (see `relative_speed_factors` for
+        factors proportional to the types' peak FLOP/s). The bandwidths default to the
+        paper's links, i.e. the emulated network, not this machine's memory copies.
+
+        Args:
+          device_types: a flat list split into `hosts` equal contiguous groups, or one
+            list per host.
+          hosts: number of hosts for a flat list.
+          emulated_speed_factors: one factor per device (flat order), or type name ->
+            factor; None = 1.0 everywhere.
+        """
+        groups = _group_device_types(device_types, hosts)
+        # DeviceType values are registered so that the cluster can refer to them by name.
+        flat = [register_device_type(t).name if isinstance(t, DeviceType)
+                else get_device_type(t).name for g in groups for t in g]
+        factors = _speed_factors(emulated_speed_factors, flat)
+        host_list = []
+        i = 0
+        for h, group in enumerate(groups):
+            host_name = f"host{h}"
+            counters: dict[str, int] = {}
+            devices = []
+            for _ in group:
+                type_name = flat[i]
+                kind = get_device_type(type_name).kind.value.lower()
+                k = counters.get(kind, 0)
+                counters[kind] = k + 1
+                devices.append(Device(name=f"{host_name}/{kind}{k}", type_name=type_name,
+                                      host=host_name, tf_device=f"/device:CPU:{i}",
+                                      emulated_speed_factor=factors[i]))
+                i += 1
+            host_list.append(Host(name=host_name, devices=tuple(devices),
+                                  intra_bandwidth=intra_bandwidth))
+        return cls(hosts=tuple(host_list), inter_bandwidth=inter_bandwidth)
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def relative_speed_factors(type_names: Iterable[str]) -> dict[str, float]:
+    """Type name -> peak FLOP/s relative to the fastest of them (1.0 for the fastest).
+
+    Use as `Cluster.local(..., emulated_speed_factors=relative_speed_factors(types))` to
+    emulate the compute heterogeneity of the types on identical logical CPUs.
+    """
+    types = [get_device_type(n) for n in type_names]
+    if not types:
+        raise _bad("relative_speed_factors needs at least one type", "type_names=[]",
+                   "pass the type names of the cluster")
+    fastest = max(t.peak_flops for t in types)
+    return {t.name: t.peak_flops / fastest for t in types}
+
+
+def _cluster_spec_as_dict(cluster_spec: Any) -> dict[str, dict[int, str]]:
+    """job -> {task index: address} from a dict, ClusterSpec or ClusterResolver."""
+    spec = cluster_spec
+    if callable(getattr(spec, "cluster_spec", None)):  # a ClusterResolver
+        spec = spec.cluster_spec()
+    if callable(getattr(spec, "as_dict", None)):  # a tf.train.ClusterSpec
+        spec = spec.as_dict()
+    if not isinstance(spec, Mapping) or not spec:
+        raise _bad("The cluster spec must be a non-empty dict, tf.train.ClusterSpec or "
+                   "ClusterResolver", f"cluster_spec={cluster_spec!r}",
+                   "pass e.g. {'worker': ['localhost:2222']}")
+    jobs: dict[str, dict[int, str]] = {}
+    for job, tasks in spec.items():
+        if isinstance(tasks, Mapping):
+            entries = {int(k): v for k, v in tasks.items()}
+        elif isinstance(tasks, (list, tuple)):
+            entries = dict(enumerate(tasks))
+        else:
+            raise _bad(f"Tasks of job {job!r} must be a list or a dict of addresses",
+                       f"{job}={tasks!r}", "pass e.g. ['host:2222', 'host:2223']")
+        if not isinstance(job, str) or not job:
+            raise _bad("Job names must be non-empty strings", f"job={job!r}",
+                       "use e.g. 'worker'")
+        jobs[job] = {int(i): str(a) for i, a in entries.items()}
+    return jobs
+
+
+_TASK_PATTERNS = (
+    re.compile(r"^/?job:(?P<job>[\w\-]+)(?:/replica:\d+)?/task:(?P<index>\d+)$"),
+    re.compile(r"^(?P<job>[\w\-]+):(?P<index>\d+)$"),
+)
+
+
+def _parse_task_key(key: TaskKey) -> tuple[str, int]:
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str):
+        try:
+            return key[0], int(key[1])
+        except (TypeError, ValueError):
+            pass
+    if isinstance(key, str):
+        for pattern in _TASK_PATTERNS:
+            m = pattern.match(key.strip())
+            if m:
+                return m.group("job"), int(m.group("index"))
+    raise _bad("Cannot read a task from a device declaration key", f"key={key!r}",
+               "use 'worker:0', '/job:worker/task:0' or ('worker', 0)")
+
+
+def _normalise_declarations(
+    declarations: Mapping[TaskKey, Sequence[str]],
+    jobs: Mapping[str, Mapping[int, str]],
+) -> dict[tuple[str, int], tuple[str, ...]]:
+    if not isinstance(declarations, Mapping):
+        raise _bad("Device declarations must be a mapping from task to type names",
+                   f"device_declarations={declarations!r}",
+                   "pass e.g. {'worker:0': ['TITAN_V', 'TITAN_V']}")
+    out: dict[tuple[str, int], tuple[str, ...]] = {}
+    for key, types in declarations.items():
+        job, index = _parse_task_key(key)
+        if job not in jobs or index not in jobs[job]:
+            known = [f"{j}:{i}" for j in sorted(jobs) for i in sorted(jobs[j])]
+            raise _bad("A device declaration names a task that is not in the cluster spec",
+                       f"task={job}:{index}", f"declare devices for one of {known}")
+        if (job, index) in out:
+            raise _bad("A task is declared twice", f"task={job}:{index}",
+                       "declare each task once")
+        if isinstance(types, str) or not isinstance(types, Sequence):
+            raise _bad(f"Devices of {job}:{index} must be a list of type names",
+                       f"devices={types!r}", "pass e.g. ['TITAN_V', 'TITAN_V']")
+        if job == _PS_JOB and types:
+            raise _bad("Parameter-server tasks carry no compute devices",
+                       f"task={job}:{index}, devices={list(types)!r}",
+                       "declare devices for worker or chief tasks only")
+        out[(job, index)] = tuple(get_device_type(t).name for t in types)
+    return out
+
+
+def _group_device_types(device_types: Sequence[Any], hosts: int) -> list[list[Any]]:
+    if isinstance(device_types, (str, DeviceType)) or not isinstance(device_types, Sequence):
+        raise _bad("device_types must be a list of type names (or one list per host)",
+                   f"device_types={device_types!r}", "pass e.g. ['TITAN_V', 'RTX_2060']")
+    items = list(device_types)
+    if items and all(isinstance(g, Sequence) and not isinstance(g, str) for g in items):
+        if hosts not in (1, len(items)):
+            raise _bad("hosts does not match the number of per-host lists",
+                       f"hosts={hosts}, lists={len(items)}", "omit hosts or make them equal")
+        groups = [list(g) for g in items]
+    else:
+        if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
+            raise _bad("hosts must be an int >= 1", f"hosts={hosts!r}", "pass e.g. hosts=2")
+        if len(items) % hosts:
+            raise _bad("The devices cannot be split evenly over the hosts",
+                       f"devices={len(items)}, hosts={hosts}",
+                       "pass one list per host, or a device count divisible by hosts")
+        per = len(items) // hosts
+        groups = [items[h * per:(h + 1) * per] for h in range(hosts)]
+    if not any(groups):
+        raise _bad("A cluster needs at least one compute device", "device_types=[]",
+                   "declare at least one device type")
+    return groups
+
+
+def _speed_factors(
+    factors: Sequence[float] | Mapping[str, float] | None, flat: Sequence[str]
+) -> list[float]:
+    if factors is None:
+        return [1.0] * len(flat)
+    if isinstance(factors, Mapping):
+        by_type = {canonical_type_name(k): v for k, v in factors.items()}
+        return [by_type.get(t, 1.0) for t in flat]
+    if isinstance(factors, str) or len(factors) != len(flat):
+        raise _bad("emulated_speed_factors needs one factor per device",
+                   f"emulated_speed_factors={factors!r}, devices={len(flat)}",
+                   "pass a list as long as the device list, or a type -> factor dict")
+    return list(factors)
+
+
+def configure_logical_devices(n: int) -> tuple[str, ...]:
+    """Split the physical CPU into (at least) n logical CPU devices.
+
+    Must run before TensorFlow initialises its devices (before the first op). If
+    TensorFlow is already initialised with >= n logical CPUs, or a configuration with
+    >= n devices is pending, it is accepted as is. Returns the logical CPU device names
+    ("/device:CPU:0", ...), as many as will exist.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise _bad("configure_logical_devices needs n >= 1", f"n={n!r}", "pass e.g. n=4")
+    import tensorflow as tf  # local import: the cluster spec itself does not need TF
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    pending = tf.config.get_logical_device_configuration(cpu)
+    if pending is not None and len(pending) >= n:
+        return tuple(f"/device:CPU:{i}" for i in range(len(pending)))
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        return tuple(f"/device:CPU:{i}" for i in range(n))
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have >= n:
+            return tuple(f"/device:CPU:{i}" for i in range(have))
+        raise RuntimeError(
+            f"TensorFlow is already initialised with {have} logical CPU device(s), fewer "
+            f"than requested. Received: n={n}; call configure_logical_devices({n}) first, "
+            "before any TensorFlow op runs (e.g. at the top of the program or in a "
+            "conftest), or run in a fresh process."
+        ) from None
+
+
+def paper_cluster() -> Cluster:
+    """The HetPipe paper's testbed (Section 8.1, Table 1): 4 hosts x 4 GPUs.
+
+    host i is TF task ("worker", i) holding 4 GPUs of one type: TITAN_V, TITAN_RTX,
+    RTX_2060, QUADRO_P4000; PCIe 3.0 x16 (15.75 GB/s) inside a host, 56 Gb/s InfiniBand
+    (7e9 bytes/s) between hosts.
+    """
+    types = ("TITAN_V", "TITAN_RTX", "RTX_2060", "QUADRO_P4000")
+    hosts = []
+    for i, type_name in enumerate(types):
+        name = f"host{i}"
+        devices = tuple(
+            Device(name=f"{name}/gpu{k}", type_name=type_name, host=name,
+                   tf_device=f"/job:worker/replica:0/task:{i}/device:GPU:{k}")
+            for k in range(4))
+        hosts.append(Host(name=name, devices=devices, intra_bandwidth=PCIE3_X16_BANDWIDTH,
+                          task=("worker", i)))
+    return Cluster(hosts=tuple(hosts), inter_bandwidth=INFINIBAND_56G_BANDWIDTH)

@@ -1,0 +1,164 @@
+"""Cost model of a pipeline stage: predicted time and memory of a node range on a device.
+
+One place computes what a stage costs, so the MILP's coefficients, the plan's reported
+figures, the tests' exhaustive search and the simulator all agree.
+
+Time of the stage at pipeline position j (one minibatch, forward + backward):
+    sum of its layers' times on the device's type / emulated speed factor
+    + receiving the activations that cross its first cut from position j-1 (forward)
+    + receiving the gradients that cross its last cut from position j+1 (backward).
+
+Memory of the stage at position j, holding `held(j)` minibatches (N_m for every position
+but the last, which runs forward and backward of a minibatch as one task and holds 1;
+upstream positions can hold all N_m in flight when a later stage is the bottleneck):
+    weights + gradients + optimizer slots (per trainable byte)
+    + (held - 1) stashed versions of the trainable weights (one version is w_local)
+    + held x (activations kept for backward + the received input activations).
+Usable memory is the device's memory times `usable_fraction` (framework workspace).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from hetpipe_tf.partitioner.comm import CommModel
+
+# Optimizer state per trainable weight, by Keras optimizer class name.
+_SLOTS_BY_OPTIMIZER = {
+    "sgd": 0, "adam": 2, "adamw": 2, "adamax": 2, "nadam": 2, "amsgrad": 3, "rmsprop": 1,
+    "adagrad": 1, "adadelta": 2, "ftrl": 2, "lion": 1, "lamb": 2, "adafactor": 2,
+}
+
+
+def optimizer_slots(optimizer: Any) -> int:
+    """Number of optimizer slot variables per trainable weight.
+
+    Accepts an int, an optimizer name ("sgd", "adam", ...) or a Keras optimizer instance
+    (SGD with momentum and RMSprop with momentum keep one slot more).
+    """
+    if isinstance(optimizer, (int, np.integer)) and not isinstance(optimizer, bool):
+        if optimizer < 0:
+            raise ValueError(f"optimizer_slots must be >= 0. Received: optimizer={optimizer}.")
+        return int(optimizer)
+    if isinstance(optimizer, str):
+        name = optimizer.lower()
+        extra = 0
+    else:
+        name = type(optimizer).__name__.lower()
+        extra = 1 if float(getattr(optimizer, "momentum", 0) or 0) > 0 else 0
+        if name == "adam" and getattr(optimizer, "amsgrad", False):
+            name = "amsgrad"
+    if name not in _SLOTS_BY_OPTIMIZER:
+        raise ValueError(
+            f"Unknown optimizer for the memory model. Received: optimizer={optimizer!r}; pass "
+            f"the number of slot variables per weight as an int, or one of "
+            f"{sorted(_SLOTS_BY_OPTIMIZER)}.")
+    return _SLOTS_BY_OPTIMIZER[name] + extra
+
+
+def held_minibatches(position: int, num_stages: int, n_m: int) -> int:
+    """Minibatches whose activations and weight versions the stage at `position` holds."""
+    return 1 if position == num_stages - 1 else n_m
+
+
+@dataclasses.dataclass(frozen=True)
+class StageCost:
+    compute_s: float
+    recv_forward_s: float
+    recv_backward_s: float
+    memory_bytes: int
+    memory_available: int
+    held: int
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.recv_forward_s + self.recv_backward_s
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.memory_available
+
+
+class CostModel:
+    """Per-layer arrays of a profile against a set of devices, and stage costs from them."""
+
+    def __init__(self, profile: Any, devices: Sequence[Any], cluster: Any, *, n_m: int,
+                 optimizer_slots: int = 0, comm: CommModel | None = None,
+                 usable_fraction: float = 0.9) -> None:
+        if not 0 < usable_fraction <= 1:
+            raise ValueError("usable_fraction must be in (0, 1]. Received: "
+                             f"usable_fraction={usable_fraction}.")
+        self.profile = profile
+        self.devices = tuple(devices)
+        self.cluster = cluster
+        self.n_m = n_m
+        self.slots = optimizer_slots
+        self.comm = comm or CommModel()
+        self.num_layers = len(profile.layers)
+        self.cut_bytes = np.asarray(profile.cut_bytes, dtype=np.float64)
+        param = np.array([l.param_bytes for l in profile.layers], dtype=np.float64)
+        trainable = np.array([l.trainable_param_bytes for l in profile.layers], dtype=np.float64)
+        self.activation = np.array([l.activation_bytes for l in profile.layers], dtype=np.float64)
+        # Bytes a layer costs independent of minibatches held, and per extra minibatch held.
+        self.fixed_memory = param + trainable * (1 + optimizer_slots)
+        self.per_held_memory = trainable + self.activation
+        self._layer_time: dict[str, np.ndarray] = {}
+        for d in self.devices:
+            times = []
+            for layer in profile.layers:
+                if d.type_name not in layer.time_s:
+                    raise ValueError(
+                        f"The profile has no time for device type {d.type_name} (device "
+                        f"{d.name}). Received: profiled types={sorted(layer.time_s)}; profile "
+                        "the model for every device type of the virtual worker.")
+                times.append(layer.time_s[d.type_name])
+            self._layer_time[d.name] = np.asarray(times, dtype=np.float64) / d.emulated_speed_factor
+        self.capacity = {d.name: int(cluster.memory_of(d) * usable_fraction) for d in self.devices}
+
+    # --- arrays the MILP is built from --------------------------------------------------
+    def layer_time(self, device: Any) -> np.ndarray:
+        return self._layer_time[device.name]
+
+    def prefix_time(self, device: Any) -> np.ndarray:
+        """P[i] = time of nodes 0..i-1 on `device` (P[0] = 0, len L+1)."""
+        return np.concatenate([[0.0], np.cumsum(self.layer_time(device))])
+
+    def prefix_memory(self, held: int) -> np.ndarray:
+        """M[i] = memory of nodes 0..i-1 at a position holding `held` minibatches."""
+        per_layer = self.fixed_memory + (held - 1) * self.per_held_memory + self.activation
+        return np.concatenate([[0.0], np.cumsum(per_layer)])
+
+    def cut_seconds(self, src: Any, dst: Any) -> np.ndarray:
+        """Seconds to move each cut's bytes from `src` to `dst` (len L-1)."""
+        return np.array([self.comm.seconds(int(b), src, dst, self.cluster)
+                         for b in self.cut_bytes], dtype=np.float64)
+
+    # --- evaluation of a concrete partition ---------------------------------------------
+    def stage_cost(self, first: int, last: int, position: int, order: Sequence[Any]) -> StageCost:
+        """Cost of nodes first..last at `position` of the pipeline `order` of devices."""
+        k = len(order)
+        device = order[position]
+        held = held_minibatches(position, k, self.n_m)
+        compute = float(self.layer_time(device)[first:last + 1].sum())
+        recv_f = recv_b = 0.0
+        memory = float(self.fixed_memory[first:last + 1].sum()
+                       + (held - 1) * self.per_held_memory[first:last + 1].sum()
+                       + self.activation[first:last + 1].sum())
+        if position > 0:
+            nbytes = int(self.cut_bytes[first - 1])
+            recv_f = self.comm.seconds(nbytes, order[position - 1], device, self.cluster)
+            memory += held * nbytes
+        if position < k - 1:
+            recv_b = self.comm.seconds(int(self.cut_bytes[last]), order[position + 1], device,
+                                       self.cluster)
+        return StageCost(compute, recv_f, recv_b, int(round(memory)),
+                         self.capacity[device.name], held)
+
+    def evaluate(self, cuts: Sequence[int], order: Sequence[Any]) -> list[StageCost]:
+        """Costs of all stages; `cuts[j]` is the last node of stage j (len k-1, increasing)."""
+        bounds = [-1, *cuts, self.num_layers - 1]
+        return [self.stage_cost(bounds[j] + 1, bounds[j + 1], j, order)
+                for j in range(len(order))]

@@ -1,0 +1,339 @@
+"""The layer graph of a Keras model: nodes in topological order and the cuts between them.
+
+Conventions (the partitioner, the profiler and the pipeline runtime rely on them):
+
+- A node is one call of a Keras operation (normally a layer) inside the model.
+  `InputLayer`s are not nodes: model input k is referred to as `TensorRef(-1 - k, 0)`.
+- A shared layer (called n times) gives n nodes. The first call's node is named after the
+  layer and carries its parameter bytes; call c >= 1 is named "<layer>@<c>" and has
+  `param_bytes == 0`, so that summing over nodes counts each weight once.
+- A nested model (a Model used as a layer) is one node; build the outer model from the
+  inner model's layers to let the partitioner cut inside it.
+- Shapes are per sample (batch dimension dropped) and must be fully defined.
+- The cut after node i (between nodes i and i+1) carries every tensor produced at or
+  before i (model inputs count as produced before node 0) that some node after i
+  consumes. A model output that no later node consumes does not cross the cut; the
+  runtime delivers model outputs (`LayerGraph.outputs`) to the loss separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hetpipe_tf import _keras_shim
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class TensorRef:
+    """A tensor of the graph: output `index` of node `node`; node -1 - k = model input k."""
+
+    node: int
+    index: int = 0
+
+    @property
+    def is_model_input(self) -> bool:
+        return self.node < 0
+
+    @property
+    def input_index(self) -> int:
+        """k for the model input -1 - k."""
+        if self.node >= 0:
+            raise ValueError(f"Not a model input. Received: ref={self}; use node >= 0 refs as node outputs.")
+        return -1 - self.node
+
+
+@dataclasses.dataclass(frozen=True)
+class CallStructure:
+    """The recorded call arguments of a node, with `TensorRef`s where tensors go.
+
+    Lists and dicts keep the layer's own argument structure (e.g. `Add` takes one list).
+    """
+
+    args: tuple
+    kwargs: Mapping[str, Any]
+
+    def fill(self, values: Mapping[TensorRef, Any]) -> tuple[tuple, dict]:
+        """(args, kwargs) with every TensorRef replaced by `values[ref]`."""
+        return _map_refs(self.args, values), dict(_map_refs(dict(self.kwargs), values))
+
+
+def _map_refs(structure: Any, values: Mapping[TensorRef, Any]) -> Any:
+    return _map_leaves(structure, lambda v: values[v] if isinstance(v, TensorRef) else v)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNode:
+    """One call of a layer. Bytes are per sample for activations, absolute for weights."""
+
+    index: int
+    name: str
+    class_name: str
+    inputs: tuple[TensorRef, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[str, ...]
+    output_bytes_per_sample: int
+    param_bytes: int
+    trainable_param_bytes: int
+    layer_name: str
+    call_index: int
+    call_structure: CallStructure = dataclasses.field(compare=False, repr=False)
+
+    def output_bytes(self, index: int) -> int:
+        """Bytes per sample of output `index`."""
+        return _tensor_bytes(self.output_shapes[index], self.output_dtypes[index])
+
+
+def _dtype_name(dtype: Any) -> str:
+    return tf.as_dtype(dtype).name
+
+
+def _tensor_bytes(shape: Sequence[int], dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(dtype).size
+
+
+def _per_sample_shape(tensor: Any, where: str) -> tuple[int, ...]:
+    shape = tuple(tensor.shape)[1:]
+    if any(dim is None for dim in shape):
+        raise ValueError(
+            f"The layer graph needs fully defined per-sample shapes. Received: {where} "
+            f"shape={tuple(tensor.shape)}; give keras.Input a shape without None "
+            "(besides the batch dimension)."
+        )
+    return tuple(int(dim) for dim in shape)
+
+
+def _weight_bytes(weights: Sequence[Any]) -> int:
+    seen: set[int] = set()
+    total = 0
+    for weight in weights:
+        if id(weight) in seen:
+            continue
+        seen.add(id(weight))
+        total += _tensor_bytes(tuple(weight.shape), _dtype_name(weight.dtype))
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerGraph:
+    """Nodes of a Keras model in topological order, with the tensors between them."""
+
+    model_name: str
+    nodes: tuple[LayerNode, ...]
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    outputs: tuple[TensorRef, ...]
+    _layers: tuple[Any, ...] = dataclasses.field(compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Last consumer of each tensor: every cut query below is answered from it.
+        last_use: dict[TensorRef, int] = {}
+        for node in self.nodes:
+            for ref in node.inputs:
+                last_use[ref] = node.index
+        object.__setattr__(self, "_last_use", last_use)
+        object.__setattr__(self, "_by_name", {node.name: node for node in self.nodes})
+
+    @classmethod
+    def from_model(cls, model: keras.Model) -> LayerGraph:
+        """The graph of a built Keras 3 Sequential or Functional model."""
+        _check_model(model)
+        functional = _keras_shim.functional_graph(model)
+        if functional is None:
+            raise ValueError(
+                "The model has no layer graph. Received: "
+                f"model={model.name!r} ({type(model).__name__}); build a Sequential "
+                "model with keras.Input or model.build(input_shape), or use a "
+                "Functional model (subclassed models are not supported)."
+            )
+        refs: dict[int, TensorRef] = {}  # id(KerasTensor) -> ref
+        input_shapes, input_dtypes = [], []
+        for k, tensor in enumerate(functional.inputs):
+            refs[id(tensor)] = TensorRef(-1 - k, 0)
+            input_shapes.append(_per_sample_shape(tensor, f"model input {k}"))
+            input_dtypes.append(_dtype_name(tensor.dtype))
+
+        nodes, layers = [], []
+        for index, event in enumerate(_keras_shim.call_events(functional)):
+            op = event.operation
+            base = op.name
+            name = base if event.call_index == 0 else f"{base}@{event.call_index}"
+            where = f"output of {name!r}"
+            shapes = tuple(_per_sample_shape(t, where) for t in event.outputs)
+            dtypes = tuple(_dtype_name(t.dtype) for t in event.outputs)
+            inputs: list[TensorRef] = []
+
+            def to_ref(value: Any) -> Any:
+                if _keras_shim.is_symbolic_tensor(value):
+                    ref = refs[id(value)]
+                    if ref not in inputs:
+                        inputs.append(ref)
+                    return ref
+                return value
+
+            structure = CallStructure(
+                args=_map_leaves(event.args, to_ref), kwargs=_map_leaves(event.kwargs, to_ref)
+            )
+            first_call = event.call_index == 0
+            weights = list(getattr(op, "weights", ()))
+            trainable = list(getattr(op, "trainable_weights", ()))
+            nodes.append(
+                LayerNode(
+                    index=index,
+                    name=name,
+                    class_name=type(op).__name__,
+                    inputs=tuple(inputs),
+                    output_shapes=shapes,
+                    output_dtypes=dtypes,
+                    output_bytes_per_sample=sum(map(_tensor_bytes, shapes, dtypes)),
+                    param_bytes=_weight_bytes(weights) if first_call else 0,
+                    trainable_param_bytes=_weight_bytes(trainable) if first_call else 0,
+                    layer_name=base,
+                    call_index=event.call_index,
+                    call_structure=structure,
+                )
+            )
+            layers.append(op)
+            for t_index, tensor in enumerate(event.outputs):
+                refs[id(tensor)] = TensorRef(index, t_index)
+
+        return cls(
+            model_name=model.name,
+            nodes=tuple(nodes),
+            input_shapes=tuple(input_shapes),
+            input_dtypes=tuple(input_dtypes),
+            outputs=tuple(refs[id(t)] for t in functional.outputs),
+            _layers=tuple(layers),
+        )
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def layer(self, name: str) -> LayerNode:
+        """The node called `name` ("<layer>" or "<layer>@<call>" for shared layers)."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ValueError(
+                f"No node of that name in model {self.model_name!r}. Received: "
+                f"name={name!r}; use one of graph.nodes[i].name."
+            ) from None
+
+    def layer_of(self, i: int) -> Any:
+        """The Keras layer (operation) that node i calls."""
+        return self._layers[self._check_index(i)]
+
+    def tensor_bytes_per_sample(self, ref: TensorRef) -> int:
+        if ref.is_model_input:
+            k = ref.input_index
+            return _tensor_bytes(self.input_shapes[k], self.input_dtypes[k])
+        return self.nodes[ref.node].output_bytes(ref.index)
+
+    def tensor_shape(self, ref: TensorRef) -> tuple[int, ...]:
+        if ref.is_model_input:
+            return self.input_shapes[ref.input_index]
+        return self.nodes[ref.node].output_shapes[ref.index]
+
+    def tensor_dtype(self, ref: TensorRef) -> str:
+        if ref.is_model_input:
+            return self.input_dtypes[ref.input_index]
+        return self.nodes[ref.node].output_dtypes[ref.index]
+
+    def cut_tensors(self, i: int) -> frozenset[TensorRef]:
+        """Tensors produced at or before node i and consumed by a node after i."""
+        self._check_cut(i)
+        return frozenset(
+            ref for ref, last in self._last_use.items() if ref.node <= i and last > i
+        )
+
+    def cut_bytes_per_sample(self, i: int) -> int:
+        return sum(self.tensor_bytes_per_sample(ref) for ref in self.cut_tensors(i))
+
+    def all_cut_bytes_per_sample(self) -> tuple[int, ...]:
+        """Bytes per sample crossing each of the L-1 cuts, in O(nodes + edges)."""
+        n_cuts = len(self.nodes) - 1
+        if n_cuts <= 0:
+            return ()
+        # A tensor crosses cuts max(producer, 0) .. last_use - 1: add on a difference array.
+        delta = [0] * (n_cuts + 1)
+        for ref, last in self._last_use.items():
+            first = max(ref.node, 0)
+            if last > first:
+                nbytes = self.tensor_bytes_per_sample(ref)
+                delta[first] += nbytes
+                delta[last] -= nbytes
+        cuts, running = [], 0
+        for i in range(n_cuts):
+            running += delta[i]
+            cuts.append(running)
+        return tuple(cuts)
+
+    def call_node(self, i: int, values: Mapping[TensorRef, Any], *, training: bool | None = None) -> tuple:
+        """Call node i's layer on `values` (refs -> tensors); its flat outputs.
+
+        `training`, when given, is passed to layers (not to bare ops) unless the model
+        recorded an explicit value for that call (e.g. a frozen BatchNormalization).
+        """
+        node = self.nodes[self._check_index(i)]
+        layer = self._layers[i]
+        args, kwargs = node.call_structure.fill(values)
+        if training is not None and isinstance(layer, keras.Layer):
+            kwargs.setdefault("training", training)
+        outputs = keras.tree.flatten(layer(*args, **kwargs))
+        return tuple(outputs)
+
+    def run(self, inputs: Sequence[Any], *, training: bool | None = None) -> list:
+        """Run the whole graph on model inputs; the model outputs (flat list)."""
+        values: dict[TensorRef, Any] = {TensorRef(-1 - k, 0): x for k, x in enumerate(inputs)}
+        for node in self.nodes:
+            for t_index, y in enumerate(self.call_node(node.index, values, training=training)):
+                values[TensorRef(node.index, t_index)] = y
+        return [values[ref] for ref in self.outputs]
+
+    def _check_index(self, i: int) -> int:
+        if not 0 <= i < len(self.nodes):
+            raise ValueError(
+                f"Node index out of range. Received: i={i}; use 0 <= i < {len(self.nodes)}."
+            )
+        return i
+
+    def _check_cut(self, i: int) -> None:
+        if not 0 <= i < len(self.nodes) - 1:
+            raise ValueError(
+                f"Cut index out of range. Received: i={i}; the cut after node i needs "
+                f"0 <= i < {len(self.nodes) - 1} (number of nodes - 1)."
+            )
+
+
+def _map_leaves(structure: Any, fn: Any) -> Any:
+    if isinstance(structure, dict):
+        return {key: _map_leaves(value, fn) for key, value in structure.items()}
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):  # namedtuple
+        return type(structure)(*(_map_leaves(value, fn) for value in structure))
+    if isinstance(structure, (list, tuple)):
+        return type(structure)(_map_leaves(value, fn) for value in structure)
+    return fn(structure)
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, keras.Model):
+        raise ValueError(
+            "LayerGraph.from_model needs a Keras model. Received: "
+            f"model={type(model).__name__}; pass a keras.Sequential or a Functional keras.Model."
+        )
+    if not model.layers:
+        raise ValueError(
+            f"The model has no layers. Received: model={model.name!r} with 0 layers; "
+            "add layers before building the layer graph."
+        )
+    if not model.built:
+        raise ValueError(
+            f"The model is not built. Received: model={model.name!r} with built=False; "
+            "give its first layer a keras.Input, call model.build(input_shape), or call "
+            "the model on a batch once."
+        )

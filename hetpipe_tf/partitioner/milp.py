@@ -1,0 +1,440 @@
+"""The HetPipe partitioning MILP (Section 7), solved with scipy.optimize.milp (HiGHS).
+
+For a virtual worker of k devices, split the layer graph's L nodes into k contiguous stages
+and place them on the devices in some order, minimising the slowest stage's time (compute +
+receiving activations + receiving gradients) while every stage fits its device's memory.
+
+Formulation for one device order: binary b[j, c] = 1 when stage j's last node is c
+(boundaries j = 0..k-2, cuts c = 0..L-2), one cut per boundary, cuts strictly increasing
+(every stage non-empty), and a continuous T >= time of every stage. Prefix sums make stage
+time and memory linear in b. Every distinct device order is solved (devices alike in type,
+host, speed and memory are interchangeable); the best objective so far bounds T for the next
+order, which prunes most of them quickly. When the distinct orders are too many to
+enumerate, one MILP also chooses the order itself (assignment variables, see `assignment`).
+
+Bound tightening before each MILP (standard MIP preprocessing, it never cuts off a solution
+at least as good as the bound): a cheap heuristic partition gives an upper bound UB on T;
+since every stage time is >= its compute time, T <= UB confines each boundary's cut to a
+window (forward: stage j can reach no further than UB of compute past the latest start;
+backward: likewise from the end), and cut variables outside the windows are fixed to 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from hetpipe_tf.partitioner.comm import CommModel
+from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
+from hetpipe_tf.partitioner.plan import PartitionError, Plan, StagePlan
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverOptions:
+    """Knobs of the solver; the defaults solve every order exactly."""
+
+    max_enumerated_orders: int = 120   # more distinct orders -> assignment MILP
+    time_limit_s: float | None = None  # per MILP call; None = until optimal
+    mip_rel_gap: float = 1e-6
+    usable_fraction: float = 0.9       # share of device memory a stage may use
+
+
+def distinct_orders(devices: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
+    """Every order of `devices` up to swapping interchangeable ones, in a stable order."""
+    classes: dict[tuple, list[Any]] = {}
+    for d in devices:
+        key = (d.type_name, d.host, d.emulated_speed_factor, d.memory_bytes)
+        classes.setdefault(key, []).append(d)
+    groups = list(classes.values())
+    counts = [len(g) for g in groups]
+
+    def rec(prefix: list[int]) -> Iterator[list[int]]:
+        if len(prefix) == len(devices):
+            yield prefix
+            return
+        for g, left in enumerate(counts):
+            if left:
+                counts[g] -= 1
+                yield from rec(prefix + [g])
+                counts[g] += 1
+
+    for classes_in_order in rec([]):
+        taken = [0] * len(groups)
+        order = []
+        for g in classes_in_order:
+            order.append(groups[g][taken[g]])
+            taken[g] += 1
+        yield tuple(order)
+
+
+def count_distinct_orders(devices: Sequence[Any]) -> int:
+    from math import factorial
+    counts: dict[tuple, int] = {}
+    for d in devices:
+        key = (d.type_name, d.host, d.emulated_speed_factor, d.memory_bytes)
+        counts[key] = counts.get(key, 0) + 1
+    n = factorial(len(devices))
+    for c in counts.values():
+        n //= factorial(c)
+    return n
+
+
+class _Builder:
+    """Rows of a sparse constraint matrix, collected as COO triplets."""
+
+    def __init__(self, num_vars: int) -> None:
+        self.num_vars = num_vars
+        self.rows: list[np.ndarray] = []
+        self.cols: list[np.ndarray] = []
+        self.vals: list[np.ndarray] = []
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+
+    def add(self, cols: np.ndarray, vals: np.ndarray, lb: float, ub: float) -> None:
+        r = len(self.lb)
+        self.rows.append(np.full(len(cols), r))
+        self.cols.append(np.asarray(cols))
+        self.vals.append(np.asarray(vals, dtype=np.float64))
+        self.lb.append(lb)
+        self.ub.append(ub)
+
+    def constraint(self) -> LinearConstraint:
+        a = coo_matrix((np.concatenate(self.vals),
+                        (np.concatenate(self.rows), np.concatenate(self.cols))),
+                       shape=(len(self.lb), self.num_vars)).tocsr()
+        return LinearConstraint(a, np.array(self.lb), np.array(self.ub))
+
+
+def _cut_vars(j: int, num_cuts: int) -> np.ndarray:
+    return np.arange(j * num_cuts, (j + 1) * num_cuts)
+
+
+def _add_partition_rows(b: _Builder, k: int, num_cuts: int) -> None:
+    """One cut per boundary; boundary j's cut strictly before boundary j+1's."""
+    positions = np.arange(num_cuts, dtype=np.float64)
+    for j in range(k - 1):
+        b.add(_cut_vars(j, num_cuts), np.ones(num_cuts), 1, 1)
+    for j in range(k - 2):
+        b.add(np.concatenate([_cut_vars(j, num_cuts), _cut_vars(j + 1, num_cuts)]),
+              np.concatenate([positions, -positions]), -np.inf, -1)
+
+
+def _stage_terms(cm: CostModel, order: Sequence[Any], j: int, prefix: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, float]:
+    """(cols, vals, constant) of a prefix-sum quantity of stage j as a linear function of b.
+
+    `prefix[i]` is the quantity over nodes 0..i-1; stage j spans (cut_{j-1}, cut_j].
+    """
+    k, L = len(order), cm.num_layers
+    n = L - 1
+    cols, vals, const = [], [], 0.0
+    if j < k - 1:
+        cols.append(_cut_vars(j, n))
+        vals.append(prefix[1:L])          # end at cut c -> prefix[c + 1]
+    else:
+        const += prefix[L]
+    if j > 0:
+        cols.append(_cut_vars(j - 1, n))
+        vals.append(-prefix[1:L])         # start after cut c -> minus prefix[c + 1]
+    return (np.concatenate(cols) if cols else np.zeros(0, int),
+            np.concatenate(vals) if vals else np.zeros(0), const)
+
+
+def cut_windows(cm: CostModel, order: Sequence[Any], upper: float
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Inclusive [lo_j, hi_j] for boundary j's cut in any partition with all compute <= upper.
+
+    None when no partition of this order can have every stage's compute within `upper`.
+    """
+    k, L = len(order), cm.num_layers
+    prefix = [cm.prefix_time(d) for d in order]
+    tol = upper * 1e-9
+    hi = np.empty(k - 1, dtype=int)
+    start = 0                                    # latest possible first node of stage j
+    for j in range(k - 1):
+        reach = np.searchsorted(prefix[j], prefix[j][start] + upper + tol, side="right") - 2
+        hi[j] = min(reach, L - 2 - (k - 2 - j))  # leave a node for every later stage
+        start = hi[j] + 1
+    lo = np.empty(k - 1, dtype=int)
+    end = L - 1                                  # earliest possible last node of stage j+1
+    for j in range(k - 2, -1, -1):
+        p = prefix[j + 1]
+        need = p[end + 1] - upper - tol          # stage j+1 starts at c+1 with p[c+1] >= need
+        first = int(np.searchsorted(p, need, side="left"))
+        lo[j] = max(first - 1, j)
+        end = lo[j]
+    if np.any(lo > hi):
+        return None
+    return lo, hi
+
+
+def heuristic_partition(cm: CostModel, order: Sequence[Any]) -> tuple[float, list[int]] | None:
+    """A quick feasible partition for an upper bound: the smallest compute budget for which
+    filling stages greedily covers the model, then its true cost (None if it overflows)."""
+    k, L = len(order), cm.num_layers
+    prefix = [cm.prefix_time(d) for d in order]
+
+    def greedy(budget: float) -> list[int] | None:
+        cuts, start = [], 0
+        for j in range(k - 1):
+            c = int(np.searchsorted(prefix[j], prefix[j][start] + budget, side="right")) - 2
+            c = min(c, L - 2 - (k - 2 - j))
+            if c < start:
+                c = start                        # every stage takes at least one node
+            cuts.append(c)
+            start = c + 1
+        last = prefix[k - 1][L] - prefix[k - 1][start]
+        return cuts if last <= budget else None
+
+    lo, hi = 0.0, max(float(p[-1]) for p in prefix)
+    cuts = greedy(hi)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        found = greedy(mid)
+        if found is None:
+            lo = mid
+        else:
+            hi, cuts = mid, found
+    if cuts is None:
+        return None
+    costs = cm.evaluate(cuts, order)
+    if not all(c.fits for c in costs):
+        return None
+    return max(c.time_s for c in costs), cuts
+
+
+def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: SolverOptions,
+                 objective: str = "time") -> tuple[float, list[int]] | None:
+    """Best cuts for one device order, or None when infeasible (or not better than `upper`).
+
+    objective "time": minimise the slowest stage. "feasible": any partition that fits.
+    "overflow": minimise the largest memory overflow in bytes (for diagnosing infeasibility).
+    """
+    k, L = len(order), cm.num_layers
+    n = L - 1
+    nb = (k - 1) * n
+    t_var = nb
+    b = _Builder(nb + 1)
+    _add_partition_rows(b, k, n)
+    # Scale time and memory rows to O(1) so HiGHS' tolerances mean the same everywhere.
+    t_scale = max(float(cm.prefix_time(order[0])[-1]), 1e-12)
+    for j, device in enumerate(order):
+        held = held_minibatches(j, k, cm.n_m)
+        cols, vals, const = _stage_terms(cm, order, j, cm.prefix_memory(held))
+        cap = cm.capacity[device.name]
+        if j > 0:  # received activations are held once per minibatch
+            cols = np.concatenate([cols, _cut_vars(j - 1, n)])
+            vals = np.concatenate([vals, held * cm.cut_bytes])
+        if objective == "overflow":
+            # memory - cap <= S, with S in units of cap-normalised bytes
+            b.add(np.append(cols, t_var), np.append(vals / 2**30, -1.0), -np.inf,
+                  (cap - const) / 2**30)
+        else:
+            b.add(cols, vals / cap, -np.inf, (cap - const) / cap)
+        if objective == "time":
+            cols, vals, const = _stage_terms(cm, order, j, cm.prefix_time(device))
+            if j > 0:
+                cols = np.concatenate([cols, _cut_vars(j - 1, n)])
+                vals = np.concatenate([vals, cm.cut_seconds(order[j - 1], device)])
+            if j < k - 1:
+                cols = np.concatenate([cols, _cut_vars(j, n)])
+                vals = np.concatenate([vals, cm.cut_seconds(order[j + 1], device)])
+            b.add(np.append(cols, t_var), np.append(vals / t_scale, -1.0), -np.inf,
+                  -const / t_scale)
+    c = np.zeros(nb + 1)
+    c[t_var] = 1.0 if objective in ("time", "overflow") else 0.0
+    t_upper = upper / t_scale if objective == "time" and np.isfinite(upper) else np.inf
+    t_lower = -np.inf if objective == "overflow" else 0.0
+    b_upper = np.ones(nb)
+    if objective == "time" and np.isfinite(upper):
+        windows = cut_windows(cm, order, upper)
+        if windows is None:
+            return None
+        for j, (lo, hi) in enumerate(zip(*windows)):
+            row = b_upper[j * n:(j + 1) * n]
+            row[:lo] = 0
+            row[hi + 1:] = 0
+    bounds = Bounds(np.r_[np.zeros(nb), t_lower], np.r_[b_upper, t_upper])
+    integrality = np.r_[np.ones(nb), 0]
+    options: dict[str, Any] = {"mip_rel_gap": opts.mip_rel_gap}
+    if opts.time_limit_s is not None:
+        options["time_limit"] = opts.time_limit_s
+    res = milp(c, constraints=b.constraint(), integrality=integrality, bounds=bounds,
+               options=options)
+    if res.x is None:
+        return None
+    x = np.round(res.x[:nb]).reshape(k - 1, n) if nb else np.zeros((0, n))
+    cuts = [int(np.argmax(row)) for row in x]
+    value = float(res.x[t_var]) * (t_scale if objective == "time" else 1.0)
+    return value, cuts
+
+
+@dataclasses.dataclass(frozen=True)
+class _Best:
+    value: float
+    cuts: tuple[int, ...]
+    order: tuple[Any, ...]
+
+
+def _check_inputs(profile: Any, devices: Sequence[Any], n_m: int) -> None:
+    if not isinstance(n_m, (int, np.integer)) or isinstance(n_m, bool) or n_m <= 0:
+        raise PartitionError(f"n_m (minibatches in flight) must be a positive int. "
+                             f"Received: n_m={n_m!r}.")
+    if not devices:
+        raise PartitionError("A virtual worker needs at least one device. Received: devices=[].")
+    names = [d.name for d in devices]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise PartitionError(f"Each device may appear once in a virtual worker. Received "
+                             f"duplicate device names: {dupes}.")
+    if len(profile.layers) == 0:
+        raise PartitionError("The model has no layers to partition. Received: a profile with "
+                             "0 layers; build the model (call it on an input) before planning.")
+    if len(profile.layers) < len(devices):
+        raise PartitionError(
+            f"Every device needs at least one layer, but the model has fewer layers than the "
+            f"virtual worker has devices. Received: {len(profile.layers)} layers, "
+            f"{len(devices)} devices; use fewer devices per virtual worker.")
+
+
+def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
+            objective: str = "time") -> tuple[_Best | None, int, str]:
+    """Best (cuts, order) over all distinct orders; also how many orders and which solver."""
+    k = len(devices)
+    if k == 1:
+        cost = cm.evaluate([], devices)[0]
+        value = {"time": cost.time_s, "feasible": 0.0,
+                 "overflow": (cost.memory_bytes - cost.memory_available) / 2**30}[objective]
+        if objective != "overflow" and not cost.fits:
+            return None, 1, "single stage"
+        return _Best(value, (), tuple(devices)), 1, "single stage"
+    n_orders = count_distinct_orders(devices)
+    if n_orders > opts.max_enumerated_orders and objective == "time":
+        from hetpipe_tf.partitioner import assignment
+        found = assignment.solve_assignment(cm, devices, opts)
+        if found is None:
+            return None, n_orders, "milp (order chosen by assignment variables)"
+        value, cuts, order = found
+        return _Best(value, tuple(cuts), tuple(order)), n_orders, \
+            "milp (order chosen by assignment variables)"
+    best: _Best | None = None
+    orders = list(distinct_orders(devices))
+    if objective == "time":
+        # Heuristic partitions bound T from the start; the most promising orders go first.
+        guesses = [heuristic_partition(cm, o) for o in orders]
+        for o, g in zip(orders, guesses):
+            if g is not None and (best is None or g[0] < best.value):
+                best = _Best(g[0], tuple(g[1]), o)
+        rank = [g[0] if g is not None else np.inf for g in guesses]
+        orders = [orders[i] for i in np.argsort(rank, kind="stable")]
+    for order in orders:
+        upper = best.value if (best and objective == "time") else np.inf
+        found = _solve_order(cm, order, upper, opts, objective)
+        if found is None:
+            continue
+        value, cuts = found
+        if objective == "feasible":
+            return _Best(value, tuple(cuts), order), n_orders, "milp per order"
+        if best is None or value < best.value:
+            best = _Best(value, tuple(cuts), order)
+    return best, n_orders, "milp per order"
+
+
+def _to_plan(cm: CostModel, profile: Any, best: _Best, n_m: int, slots: int, solver: str,
+             n_orders: int, seconds: float) -> Plan:
+    costs = cm.evaluate(best.cuts, best.order)
+    bounds = [-1, *best.cuts, cm.num_layers - 1]
+    names = [l.name for l in profile.layers]
+    stages = tuple(
+        StagePlan(index=j, device=d.name, device_type=d.type_name, tf_device=d.tf_device,
+                  first=bounds[j] + 1, last=bounds[j + 1],
+                  layer_names=tuple(names[bounds[j] + 1:bounds[j + 1] + 1]),
+                  compute_s=c.compute_s, recv_forward_s=c.recv_forward_s,
+                  recv_backward_s=c.recv_backward_s, memory_bytes=c.memory_bytes,
+                  memory_available=c.memory_available, minibatches_held=c.held,
+                  emulated_speed_factor=d.emulated_speed_factor)
+        for j, (d, c) in enumerate(zip(best.order, costs)))
+    return Plan(model_name=profile.model_name, batch_size=profile.batch_size, n_m=n_m,
+                optimizer_slots=slots, stages=stages, num_layers=cm.num_layers, solver=solver,
+                orders_considered=n_orders, solve_seconds=seconds)
+
+
+def solve(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
+          comm: CommModel | None = None, optimizer_slots: int = 0,
+          options: SolverOptions = SolverOptions()) -> Plan:
+    """Partition `profile`'s layers over `devices` (one virtual worker) with N_m in flight.
+
+    Returns the Plan minimising the slowest stage; raises PartitionError when no partition
+    fits, naming the devices short of memory and what would fit.
+    """
+    _check_inputs(profile, devices, n_m)
+    start = time.perf_counter()
+    cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
+                   comm=comm, usable_fraction=options.usable_fraction)
+    best, n_orders, solver = _search(cm, devices, options)
+    if best is None:
+        from hetpipe_tf.partitioner.diagnose import infeasible_error
+        raise infeasible_error(profile, devices, n_m, cluster=cluster, comm=comm,
+                               optimizer_slots=optimizer_slots, options=options)
+    return _to_plan(cm, profile, best, n_m, optimizer_slots, solver, n_orders,
+                    time.perf_counter() - start)
+
+
+def fits(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
+         optimizer_slots: int = 0, options: SolverOptions = SolverOptions()) -> bool:
+    """Whether some partition of the model over `devices` fits memory with N_m in flight."""
+    _check_inputs(profile, devices, n_m)
+    cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
+                   usable_fraction=options.usable_fraction)
+    return _search(cm, devices, options, objective="feasible")[0] is not None
+
+
+def max_minibatches(profile: Any, devices: Sequence[Any], *, cluster: Any,
+                    optimizer_slots: int = 0, limit: int = 32,
+                    options: SolverOptions = SolverOptions()) -> int:
+    """Max_m: the largest N_m <= `limit` for which the virtual worker's memory suffices.
+
+    Memory grows with N_m, so feasibility is monotone and a binary search finds the edge.
+    Returns 0 when not even one minibatch fits.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1. Received: limit={limit}.")
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(profile, devices, mid, cluster=cluster, optimizer_slots=optimizer_slots,
+                options=options):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def plan_virtual_workers(profile: Any, virtual_workers: Sequence[Sequence[Any]], *,
+                         cluster: Any, comm: CommModel | None = None, optimizer_slots: int = 0,
+                         n_m: int | None = None, limit: int = 32,
+                         options: SolverOptions = SolverOptions()) -> tuple[Plan, ...]:
+    """Plans for several virtual workers sharing one N_m = min over VWs of Max_m (Section 4).
+
+    With `n_m` given it is used as is (and must fit every virtual worker).
+    """
+    if not virtual_workers:
+        raise PartitionError("At least one virtual worker is needed. Received: "
+                             "virtual_workers=[].")
+    if n_m is None:
+        maxes = [max_minibatches(profile, vw, cluster=cluster, optimizer_slots=optimizer_slots,
+                                 limit=limit, options=options) for vw in virtual_workers]
+        n_m = min(maxes)
+        if n_m == 0:
+            worst = maxes.index(0)
+            # Re-solve the worst VW at N_m = 1 for a precise error message.
+            solve(profile, virtual_workers[worst], 1, cluster=cluster, comm=comm,
+                  optimizer_slots=optimizer_slots, options=options)
+    return tuple(solve(profile, vw, n_m, cluster=cluster, comm=comm,
+                       optimizer_slots=optimizer_slots, options=options)
+                 for vw in virtual_workers)

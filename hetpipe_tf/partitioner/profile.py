@@ -1,0 +1,409 @@
+"""Profile of a Keras model: per-layer time on each device type, FLOPs, memory, cut bytes.
+
+Everything is per minibatch at the profile's batch size; "layer" means a node of the
+`LayerGraph` (one call of a Keras layer), in graph order.
+
+- FLOPs: TensorFlow's own counter. The model's forward pass is traced once as one
+  `tf.function` (training mode) on concrete input specs, each node's call under its own
+  name scope "hp_node_<i>", and `tf.compat.v1.profiler.profile(..., float_operation())`
+  counts the graph; ops are attributed to nodes by that scope. Ops without a registered
+  FLOP statistic (activations, pooling on some versions) count 0. Forward+backward FLOPs
+  = 3 x forward for a layer with trainable weights (gradients w.r.t. inputs and weights),
+  2 x forward otherwise.
+- bytes_accessed = 3 x (distinct input tensors + outputs + param_bytes), i.e. the forward
+  reads inputs and weights and writes outputs, and the backward touches them about twice.
+- Memory: `param_bytes` / `trainable_param_bytes` come from the graph (gradients and
+  optimizer slots are derived from them by the cost model); `activation_bytes` is the
+  layer's output for the minibatch, what its consumers' backward keeps.
+- Time on a measured type (a device of that type is present, `measure_on`): each node's
+  forward+backward (GradientTape w.r.t. its float inputs and trainable weights) in a
+  `tf.function` on random inputs at `measure_batch_size`, one warm-up call, median of
+  `repeats`, minus the cost of calling an empty tf.function on that device (a stage runs
+  as one function, so that cost is not a layer's; floor `MIN_MEASURED_S`), scaled
+  linearly to the batch size. Non-trainable weights (BatchNorm moving statistics) are
+  restored afterwards, so profiling leaves the model unchanged.
+- Time on a type with no device at hand, "estimated": roofline
+  max(flops / peak_flops, bytes_accessed / memory_bandwidth) / efficiency
+  + launch_overhead_s, with efficiency `DEFAULT_EFFICIENCY[kind]` (GPU 0.5, CPU 0.3:
+  typical fractions of peak that framework kernels reach).
+- "calibrated": when some type of the same DeviceKind was measured (GPU -> GPU, CPU ->
+  CPU), an estimated type's times are multiplied per layer class (Keras class name) by
+  sum(measured) / sum(estimated) over the layers of that class on the measured types of
+  that kind. Layer classes differ much more in how close they come to the roofline than
+  device types of one kind do, so the class is the unit of calibration.
+- `ModelProfile.scaled(b)` rescales linearly: FLOPs, times, activations, cut bytes and
+  the activation part of bytes_accessed by b / batch_size (it ignores fixed per-layer
+  costs, which makes small-batch times optimistic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hetpipe_tf.cluster.catalog import DeviceKind, DeviceType, canonical_type_name, get_device_type
+from hetpipe_tf.partitioner.layer_graph import LayerGraph, TensorRef
+
+DEFAULT_EFFICIENCY: Mapping[DeviceKind, float] = types.MappingProxyType(
+    {DeviceKind.GPU: 0.5, DeviceKind.CPU: 0.3}
+)
+TIME_SOURCES = ("measured", "estimated", "calibrated")
+MIN_MEASURED_S = 1e-6  # floor of a measured layer time once the call cost is removed
+_SCOPE = "hp_node_"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+    """Cost of one layer for one minibatch; times are forward+backward seconds by type."""
+
+    name: str
+    time_s: Mapping[str, float]
+    flops: int
+    bytes_accessed: int
+    param_bytes: int
+    trainable_param_bytes: int
+    activation_bytes: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "time_s", types.MappingProxyType(dict(self.time_s)))
+        for field in ("flops", "bytes_accessed", "param_bytes", "trainable_param_bytes",
+                      "activation_bytes"):
+            value = getattr(self, field)
+            if value < 0:
+                raise ValueError(f"LayerCost {self.name}: {field} must be >= 0. Received: {field}={value}.")
+        bad = {k: v for k, v in self.time_s.items() if not (v >= 0 and np.isfinite(v))}
+        if bad:
+            raise ValueError(f"LayerCost {self.name}: times must be finite and >= 0. Received: time_s={bad}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {
+            "time_s": dict(self.time_s)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LayerCost:
+        return cls(**_checked_keys(cls, d))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelProfile:
+    """Per-layer costs of a model at one batch size, on several device types."""
+
+    model_name: str
+    batch_size: int
+    layers: tuple[LayerCost, ...]
+    cut_bytes: tuple[int, ...]
+    time_source: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "cut_bytes", tuple(int(b) for b in self.cut_bytes))
+        object.__setattr__(self, "time_source", types.MappingProxyType(dict(self.time_source)))
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0. Received: batch_size={self.batch_size}.")
+        if len(self.cut_bytes) != max(len(self.layers) - 1, 0):
+            raise ValueError(
+                "cut_bytes needs one entry per cut (layers - 1). Received: "
+                f"len(cut_bytes)={len(self.cut_bytes)}, len(layers)={len(self.layers)}.")
+        bad = {k: v for k, v in self.time_source.items() if v not in TIME_SOURCES}
+        if bad:
+            raise ValueError(f"Unknown time sources. Received: {bad}; use one of {TIME_SOURCES}.")
+        for layer in self.layers:
+            if set(layer.time_s) != set(self.time_source):
+                raise ValueError(
+                    f"Layer {layer.name} has times for other device types than the profile. "
+                    f"Received: {sorted(layer.time_s)} vs time_source {sorted(self.time_source)}.")
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        return tuple(self.time_source)
+
+    def scaled(self, batch_size: int) -> ModelProfile:
+        """The profile at another batch size, rescaled linearly (see module docstring)."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0. Received: batch_size={batch_size}.")
+        k = batch_size / self.batch_size
+        layers = tuple(
+            dataclasses.replace(
+                c,
+                time_s={t: s * k for t, s in c.time_s.items()},
+                flops=round(c.flops * k),
+                bytes_accessed=3 * c.param_bytes + round((c.bytes_accessed - 3 * c.param_bytes) * k),
+                activation_bytes=round(c.activation_bytes * k),
+            )
+            for c in self.layers
+        )
+        return dataclasses.replace(self, batch_size=batch_size, layers=layers,
+                                   cut_bytes=tuple(round(b * k) for b in self.cut_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "batch_size": self.batch_size,
+            "layers": [c.to_dict() for c in self.layers],
+            "cut_bytes": list(self.cut_bytes),
+            "time_source": dict(self.time_source),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelProfile:
+        kwargs = _checked_keys(cls, d)
+        kwargs["layers"] = tuple(LayerCost.from_dict(c) for c in kwargs["layers"])
+        return cls(**kwargs)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelProfile:
+        return cls.from_dict(json.loads(text))
+
+
+def _checked_keys(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if set(d) != fields:
+        raise ValueError(
+            f"{cls.__name__} dict has wrong keys. Received: keys={sorted(d)}; "
+            f"expected exactly {sorted(fields)}.")
+    return dict(d)
+
+
+def forward_flops(graph: LayerGraph, batch_size: int) -> tuple[int, ...]:
+    """Forward FLOPs of each node at `batch_size`, counted by TensorFlow's profiler."""
+
+    @tf.function(autograph=False)
+    def forward(*inputs: tf.Tensor) -> list:
+        values = {TensorRef(-1 - k, 0): x for k, x in enumerate(inputs)}
+        for node in graph.nodes:
+            with tf.name_scope(f"{_SCOPE}{node.index}"):
+                outputs = graph.call_node(node.index, values, training=True)
+            values.update({TensorRef(node.index, j): y for j, y in enumerate(outputs)})
+        return [values[ref] for ref in graph.outputs]
+
+    specs = [tf.TensorSpec((batch_size, *shape), dtype)
+             for shape, dtype in zip(graph.input_shapes, graph.input_dtypes)]
+    func_graph = forward.get_concrete_function(*specs).graph
+    builder = tf.compat.v1.profiler.ProfileOptionBuilder
+    options = builder(builder.float_operation()).with_empty_output().build()
+    root = tf.compat.v1.profiler.profile(func_graph, cmd="scope", options=options)
+    flops = [0] * len(graph.nodes)
+    stack = list(root.children)
+    while stack:
+        entry = stack.pop()
+        stack.extend(entry.children)
+        scope = entry.name.split("/", 1)[0]
+        if entry.float_ops and scope.startswith(_SCOPE):
+            flops[int(scope[len(_SCOPE):])] += entry.float_ops
+    return tuple(flops)
+
+
+def estimate_time(flops: float, bytes_accessed: float, device_type: DeviceType,
+                  efficiency: Mapping[DeviceKind, float] = DEFAULT_EFFICIENCY) -> float:
+    """Roofline estimate of one layer task's seconds on `device_type`."""
+    roofline = max(flops / device_type.peak_flops, bytes_accessed / device_type.memory_bandwidth)
+    return roofline / efficiency[device_type.kind] + device_type.launch_overhead_s
+
+
+def measure_layer_times(graph: LayerGraph, batch_size: int, device: str,
+                        repeats: int = 3) -> tuple[float, ...]:
+    """Median forward+backward seconds of each node at `batch_size` on `device`.
+
+    The cost of calling an empty tf.function on `device` is subtracted (floored at
+    `MIN_MEASURED_S`): a pipeline stage is one compiled function, so the per-call cost
+    must not be charged to each of its layers.
+    """
+    call_cost = _call_overhead(device, max(repeats, 5))
+    return tuple(max(_measure_node(graph, i, batch_size, device, repeats) - call_cost,
+                     MIN_MEASURED_S) for i in range(len(graph)))
+
+
+def _call_overhead(device: str, repeats: int) -> float:
+    @tf.function(autograph=False)
+    def empty(x: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.reshape(x, [-1])[:1])
+
+    with tf.device(device):
+        return _median_seconds(empty, [tf.zeros((1,))], repeats)
+
+
+def _median_seconds(fn: Any, inputs: Sequence[tf.Tensor], repeats: int) -> float:
+    fn(*inputs).numpy()  # warm-up: trace and first run
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*inputs).numpy()  # .numpy() waits for the device
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def _measure_node(graph: LayerGraph, i: int, batch_size: int, device: str, repeats: int) -> float:
+    node = graph.nodes[i]
+    layer = graph.layer_of(i)
+    trainable = list(getattr(layer, "trainable_weights", ()))
+    state = list(getattr(layer, "non_trainable_weights", ()))
+    saved = [w.numpy() for w in state]
+
+    @tf.function(autograph=False)
+    def step(*inputs: tf.Tensor) -> tf.Tensor:
+        watched = [x for x in inputs if x.dtype.is_floating]
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            outputs = graph.call_node(i, dict(zip(node.inputs, inputs)), training=True)
+        targets = [y for y in outputs if y.dtype.is_floating]
+        grads = tape.gradient(targets, watched + trainable,
+                              output_gradients=[tf.ones_like(y) for y in targets]) if targets else []
+        results = list(outputs) + [g.values if isinstance(g, tf.IndexedSlices) else g
+                                   for g in grads if g is not None]
+        # One element of every result: forces the whole computation, costs nothing.
+        done = [tf.cast(tf.reshape(t, [-1])[:1], tf.float32) for t in results]
+        return tf.reduce_sum(tf.concat(done, 0)) if done else tf.constant(0.0)
+
+    with tf.device(device):
+        inputs = [_random_tensor((batch_size, *graph.tensor_shape(ref)), graph.tensor_dtype(ref))
+                  for ref in node.inputs]
+        seconds = _median_seconds(step, inputs, repeats)
+    for weight, value in zip(state, saved):
+        weight.assign(value)
+    return seconds
+
+
+def _random_tensor(shape: tuple[int, ...], dtype: str) -> tf.Tensor:
+    dtype = tf.as_dtype(dtype)
+    if dtype.is_floating:
+        return tf.random.normal(shape, dtype=dtype)
+    return tf.zeros(shape, dtype=dtype)  # index 0 is valid for embeddings and lookups
+
+
+def profile_model(
+    model: keras.Model | LayerGraph,
+    batch_size: int,
+    device_types: Sequence[str | DeviceType],
+    *,
+    measure_on: Mapping[str, str] = types.MappingProxyType({}),
+    measure_batch_size: int | None = None,
+    repeats: int = 3,
+    efficiency: Mapping[DeviceKind, float] = DEFAULT_EFFICIENCY,
+) -> ModelProfile:
+    """Profile `model` at `batch_size` for every device type in `device_types`.
+
+    `measure_on` maps a device type name to the TensorFlow device string of a present
+    device of that type ("/CPU:0", "/job:worker/task:1/device:GPU:0"); those types are
+    measured, the others estimated or calibrated (module docstring).
+    """
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("repeats", repeats)
+    if measure_batch_size is None:
+        measure_batch_size = batch_size
+    _check_positive_int("measure_batch_size", measure_batch_size)
+    resolved = _resolve_types(device_types)
+    measure = _resolve_measure_on(measure_on, resolved)
+    graph = model if isinstance(model, LayerGraph) else LayerGraph.from_model(model)
+
+    has_weights = [bool(getattr(graph.layer_of(i), "trainable_weights", ())) for i in range(len(graph))]
+    fwd = forward_flops(graph, batch_size)
+    flops = [f * (3 if w else 2) for f, w in zip(fwd, has_weights)]
+    nbytes = [3 * (batch_size * (sum(graph.tensor_bytes_per_sample(r) for r in n.inputs)
+                                 + n.output_bytes_per_sample) + n.param_bytes)
+              for n in graph.nodes]
+    estimated = {name: [estimate_time(f, b, t, efficiency) for f, b in zip(flops, nbytes)]
+                 for name, t in resolved.items()}
+    times: dict[str, list[float]] = {}
+    for name, device in measure.items():
+        scale = batch_size / measure_batch_size
+        times[name] = [s * scale for s in measure_layer_times(graph, measure_batch_size, device, repeats)]
+
+    classes = [n.class_name for n in graph.nodes]
+    source = {}
+    for name, device_type in resolved.items():
+        if name in measure:
+            source[name] = "measured"
+            continue
+        peers = [m for m in measure if resolved[m].kind is device_type.kind]
+        if not peers:
+            source[name] = "estimated"
+            times[name] = estimated[name]
+            continue
+        ratio = _class_ratios(classes, [times[m] for m in peers], [estimated[m] for m in peers])
+        source[name] = "calibrated"
+        times[name] = [e * ratio[c] for e, c in zip(estimated[name], classes)]
+
+    layers = tuple(
+        LayerCost(
+            name=node.name,
+            time_s={name: times[name][i] for name in resolved},
+            flops=int(flops[i]),
+            bytes_accessed=int(nbytes[i]),
+            param_bytes=node.param_bytes,
+            trainable_param_bytes=node.trainable_param_bytes,
+            activation_bytes=node.output_bytes_per_sample * batch_size,
+        )
+        for i, node in enumerate(graph.nodes)
+    )
+    return ModelProfile(
+        model_name=graph.model_name,
+        batch_size=batch_size,
+        layers=layers,
+        cut_bytes=tuple(b * batch_size for b in graph.all_cut_bytes_per_sample()),
+        time_source=source,
+    )
+
+
+def _class_ratios(classes: Sequence[str], measured: Sequence[Sequence[float]],
+                  estimated: Sequence[Sequence[float]]) -> dict[str, float]:
+    """measured / estimated per layer class, pooled over the measured types."""
+    sums: dict[str, list[float]] = {c: [0.0, 0.0] for c in classes}
+    for meas, est in zip(measured, estimated):
+        for c, m, e in zip(classes, meas, est):
+            sums[c][0] += m
+            sums[c][1] += e
+    return {c: (m / e if e > 0 else 1.0) for c, (m, e) in sums.items()}
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be an int > 0. Received: {name}={value!r}; pass a positive int.")
+
+
+def _resolve_types(device_types: Sequence[str | DeviceType]) -> dict[str, DeviceType]:
+    if isinstance(device_types, (str, DeviceType)) or not device_types:
+        raise ValueError(
+            "device_types must be a non-empty sequence of names or DeviceTypes. "
+            f"Received: device_types={device_types!r}; pass e.g. ['TITAN_V', 'LOCAL_CPU'].")
+    resolved: dict[str, DeviceType] = {}
+    for item in device_types:
+        device_type = item if isinstance(item, DeviceType) else get_device_type(item)
+        resolved.setdefault(device_type.name, device_type)
+    return resolved
+
+
+def _resolve_measure_on(measure_on: Mapping[str, str],
+                        resolved: Mapping[str, DeviceType]) -> dict[str, str]:
+    measure = {}
+    local = {_local_key(d.name) for d in tf.config.list_logical_devices()}
+    for name, device in measure_on.items():
+        key = canonical_type_name(name)
+        if key not in resolved:
+            raise ValueError(
+                "measure_on names a device type that is not profiled. Received: "
+                f"measure_on[{name!r}]={device!r}, device_types={sorted(resolved)}; "
+                "add the type to device_types or drop it from measure_on.")
+        # Remote devices (with a job) are checked by TensorFlow when used.
+        if tf.DeviceSpec.from_string(device).job is None and _local_key(device) not in local:
+            raise ValueError(
+                f"measure_on names a device that is not present. Received: measure_on[{name!r}]="
+                f"{device!r}; use one of {sorted(local)}.")
+        measure[key] = device
+    return measure
+
+
+def _local_key(device: str) -> str:
+    spec = tf.DeviceSpec.from_string(device)
+    return f"/{(spec.device_type or '').upper()}:{spec.device_index or 0}"

@@ -21,6 +21,17 @@ from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
 from hetpipe_tf.partitioner import milp as _m
 
 
+def _heuristic_bound(cm: CostModel, devices: Sequence[Any]) -> float | None:
+    """Best heuristic layout over a few natural orders (as given, by memory, by speed)."""
+    total = {d.name: float(cm.prefix_time(d)[-1]) for d in devices}
+    orders = [list(devices),
+              sorted(devices, key=lambda d: -cm.capacity[d.name]),
+              sorted(devices, key=lambda d: total[d.name])]
+    found = [_m.heuristic_partition(cm, o) for o in orders]
+    values = [f[0] for f in found if f is not None]
+    return min(values) if values else None
+
+
 def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOptions"
                      ) -> tuple[float, list[int], list[Any]] | None:
     """(best time, cuts, device order) over all orders and cuts, or None if nothing fits."""
@@ -88,6 +99,17 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
     integrality = np.zeros(nv)
     integrality[:rin0] = 1
     upper = np.r_[np.ones(rin0), np.full(2 * k + 1, np.inf)]
+    # A heuristic layout bounds T; the bound confines every cut to a window (see milp).
+    bound = _heuristic_bound(cm, devices)
+    if bound is not None:
+        upper[t_var] = bound / t_scale
+        windows = _m.cut_windows(cm, None, bound)
+        if windows is None:
+            return None
+        for j, (lo, hi) in enumerate(zip(*windows)):
+            row = upper[j * n:(j + 1) * n]
+            row[:lo] = 0
+            row[hi + 1:] = 0
     options: dict[str, Any] = {"mip_rel_gap": opts.mip_rel_gap}
     if opts.time_limit_s is not None:
         options["time_limit"] = opts.time_limit_s

@@ -14,9 +14,9 @@ enumerate, one MILP also chooses the order itself (assignment variables, see `as
 
 Bound tightening before each MILP (standard MIP preprocessing, it never cuts off a solution
 at least as good as the bound): a cheap heuristic partition gives an upper bound UB on T;
-since every stage time is >= its compute time, T <= UB confines each boundary's cut to a
-window (forward: stage j can reach no further than UB of compute past the latest start;
-backward: likewise from the end), and cut variables outside the windows are fixed to 0.
+since every stage time is >= its compute time and its memory >= its layers' memory, T <= UB
+and the device capacities confine each boundary's cut to a window (`cut_windows`), and cut
+variables outside the windows are fixed to 0. Later orders need only beat the incumbent.
 """
 
 from __future__ import annotations
@@ -145,27 +145,40 @@ def _stage_terms(cm: CostModel, order: Sequence[Any], j: int, prefix: np.ndarray
             np.concatenate(vals) if vals else np.zeros(0), const)
 
 
-def cut_windows(cm: CostModel, order: Sequence[Any], upper: float
+def cut_windows(cm: CostModel, order: Sequence[Any] | None, upper: float = np.inf
                 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Inclusive [lo_j, hi_j] for boundary j's cut in any partition with all compute <= upper.
+    """Inclusive [lo_j, hi_j] for boundary j's cut in any partition whose stages all fit
+    their device's memory and, if `upper` is finite, have compute <= `upper`.
 
-    None when no partition of this order can have every stage's compute within `upper`.
+    Stage compute and memory (less the received activations) are prefix-sum differences of
+    nonnegative terms, so a stage starting later can reach no further than its budget past
+    the latest start, and one ending earlier must start no later than its budget before
+    the earliest end. With `order` None the windows hold for every order of `cm.devices`
+    (layers timed on their fastest device, the largest memory). None when nothing fits.
     """
-    k, L = len(order), cm.num_layers
-    prefix = [cm.prefix_time(d) for d in order]
-    tol = upper * 1e-9
+    k, L = len(cm.devices), cm.num_layers
+    if order is None:
+        fastest = np.min([cm.layer_time(d) for d in cm.devices], axis=0)
+        times = [np.concatenate([[0.0], np.cumsum(fastest)])] * k
+        caps = [max(cm.capacity.values())] * k
+    else:
+        times = [cm.prefix_time(d) for d in order]
+        caps = [cm.capacity[d.name] for d in order]
+    # Per position: (prefix, budget) pairs that every stage must respect.
+    limits = [[(cm.prefix_memory(held_minibatches(j, k, cm.n_m)), float(caps[j]))]
+              + ([(times[j], upper)] if np.isfinite(upper) else []) for j in range(k)]
     hi = np.empty(k - 1, dtype=int)
     start = 0                                    # latest possible first node of stage j
     for j in range(k - 1):
-        reach = np.searchsorted(prefix[j], prefix[j][start] + upper + tol, side="right") - 2
+        reach = min(int(np.searchsorted(p, p[start] + b * (1 + 1e-9), side="right")) - 2
+                    for p, b in limits[j])
         hi[j] = min(reach, L - 2 - (k - 2 - j))  # leave a node for every later stage
         start = hi[j] + 1
     lo = np.empty(k - 1, dtype=int)
     end = L - 1                                  # earliest possible last node of stage j+1
     for j in range(k - 2, -1, -1):
-        p = prefix[j + 1]
-        need = p[end + 1] - upper - tol          # stage j+1 starts at c+1 with p[c+1] >= need
-        first = int(np.searchsorted(p, need, side="left"))
+        first = max(int(np.searchsorted(p, p[end + 1] - b * (1 + 1e-9), side="left"))
+                    for p, b in limits[j + 1])   # stage j+1 starts at c+1 >= first
         lo[j] = max(first - 1, j)
         end = lo[j]
     if np.any(lo > hi):
@@ -175,33 +188,42 @@ def cut_windows(cm: CostModel, order: Sequence[Any], upper: float
 
 def heuristic_partition(cm: CostModel, order: Sequence[Any]) -> tuple[float, list[int]] | None:
     """A quick feasible partition for an upper bound: the smallest compute budget for which
-    filling stages greedily covers the model, then its true cost (None if it overflows)."""
+    filling stages greedily (as far as both the budget and the device's memory allow) covers
+    the model; returns its true cost, or None if the greedy layout does not fit."""
     k, L = len(order), cm.num_layers
     prefix = [cm.prefix_time(d) for d in order]
+    held = [held_minibatches(j, k, cm.n_m) for j in range(k)]
+    memory = [cm.prefix_memory(h) for h in held]
+    capacity = [cm.capacity[d.name] for d in order]
 
     def greedy(budget: float) -> list[int] | None:
         cuts, start = [], 0
-        for j in range(k - 1):
-            c = int(np.searchsorted(prefix[j], prefix[j][start] + budget, side="right")) - 2
-            c = min(c, L - 2 - (k - 2 - j))
+        for j in range(k):
+            received = held[j] * cm.cut_bytes[start - 1] if start > 0 else 0.0
+            room = capacity[j] - received + memory[j][start]
+            if j == k - 1:
+                fits = memory[j][L] <= room and prefix[j][L] - prefix[j][start] <= budget
+                return cuts if fits else None
+            by_time = np.searchsorted(prefix[j], prefix[j][start] + budget, side="right") - 2
+            by_memory = np.searchsorted(memory[j], room, side="right") - 2
+            c = min(int(by_time), int(by_memory), L - 2 - (k - 2 - j))
             if c < start:
-                c = start                        # every stage takes at least one node
+                return None
             cuts.append(c)
             start = c + 1
-        last = prefix[k - 1][L] - prefix[k - 1][start]
-        return cuts if last <= budget else None
+        return cuts
 
     lo, hi = 0.0, max(float(p[-1]) for p in prefix)
     cuts = greedy(hi)
-    for _ in range(60):
+    if cuts is None:
+        return None
+    for _ in range(50):
         mid = (lo + hi) / 2
         found = greedy(mid)
         if found is None:
             lo = mid
         else:
             hi, cuts = mid, found
-    if cuts is None:
-        return None
     costs = cm.evaluate(cuts, order)
     if not all(c.fits for c in costs):
         return None
@@ -251,8 +273,8 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
     t_upper = upper / t_scale if objective == "time" and np.isfinite(upper) else np.inf
     t_lower = -np.inf if objective == "overflow" else 0.0
     b_upper = np.ones(nb)
-    if objective == "time" and np.isfinite(upper):
-        windows = cut_windows(cm, order, upper)
+    if k > 1 and objective != "overflow":       # overflowing layouts break the windows
+        windows = cut_windows(cm, order, upper if objective == "time" else np.inf)
         if windows is None:
             return None
         for j, (lo, hi) in enumerate(zip(*windows)):
@@ -333,7 +355,8 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
         rank = [g[0] if g is not None else np.inf for g in guesses]
         orders = [orders[i] for i in np.argsort(rank, kind="stable")]
     for order in orders:
-        upper = best.value if (best and objective == "time") else np.inf
+        # Only a strictly better layout is worth finding; the incumbent stands otherwise.
+        upper = best.value * (1 - 1e-9) if (best and objective == "time") else np.inf
         found = _solve_order(cm, order, upper, opts, objective)
         if found is None:
             continue

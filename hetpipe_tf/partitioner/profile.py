@@ -38,12 +38,13 @@ Everything is per minibatch at the profile's batch size; "layer" means a node of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import statistics
 import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -176,6 +177,17 @@ def _checked_keys(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
     return dict(d)
 
 
+@contextlib.contextmanager
+def _quiet_tf_logging() -> Iterator[None]:
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def forward_flops(graph: LayerGraph, batch_size: int) -> tuple[int, ...]:
     """Forward FLOPs of each node at `batch_size`, counted by TensorFlow's profiler."""
 
@@ -193,7 +205,10 @@ def forward_flops(graph: LayerGraph, batch_size: int) -> tuple[int, ...]:
     func_graph = forward.get_concrete_function(*specs).graph
     builder = tf.compat.v1.profiler.ProfileOptionBuilder
     options = builder(builder.float_operation()).with_empty_output().build()
-    root = tf.compat.v1.profiler.profile(func_graph, cmd="scope", options=options)
+    # The v1 profiler logs a deprecation warning per call of a TF-internal helper; it says
+    # nothing about our use, so keep it out of the user's output.
+    with _quiet_tf_logging():
+        root = tf.compat.v1.profiler.profile(func_graph, cmd="scope", options=options)
     flops = [0] * len(graph.nodes)
     stack = list(root.children)
     while stack:

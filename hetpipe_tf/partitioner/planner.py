@@ -1,0 +1,88 @@
+"""From a Keras model and a cluster to a Plan: profile, find Max_m and N_m, solve the MILP.
+
+Which device types are measured: a type is timed on a device of the cluster that is present
+in this process (a local TensorFlow device string such as "/device:CPU:1") and whose kind
+matches the type's kind (a CPU type on a CPU device). A GPU type emulated on a logical CPU
+device is never "measured" there: its times come from the catalog (estimated, or calibrated
+by a measured GPU of another type). Default N_m is min(Max_m, k): with the last stage doing
+forward and backward as one task, k minibatches in flight keep every stage of a k-stage
+pipeline busy, and more only adds staleness and memory (docs/partitioner.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from hetpipe_tf.cluster.catalog import get_device_type
+from hetpipe_tf.cluster.spec import Cluster, Device, tf_device_kind
+from hetpipe_tf.partitioner import milp
+from hetpipe_tf.partitioner.comm import CommModel
+from hetpipe_tf.partitioner.cost import optimizer_slots
+from hetpipe_tf.partitioner.plan import PartitionError, Plan
+from hetpipe_tf.partitioner.profile import ModelProfile, profile_model
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerResult:
+    """A plan with what it was made from: the profile and the virtual worker's Max_m."""
+
+    plan: Plan
+    profile: ModelProfile
+    max_m: int
+
+
+def measurable_devices(devices: Sequence[Device]) -> dict[str, str]:
+    """Device type name -> local TF device string to time that type on (see module doc)."""
+    import tensorflow as tf
+    local = {d.name for d in tf.config.list_logical_devices()}
+    found: dict[str, str] = {}
+    for d in devices:
+        kind = tf_device_kind(d.tf_device)
+        if "/job:" in d.tf_device or kind is None:
+            continue
+        if kind != get_device_type(d.type_name).kind.value:
+            continue
+        full = f"/job:localhost/replica:0/task:0/device:{d.tf_device.split('device:')[-1]}"
+        if full in local or d.tf_device in local:
+            found.setdefault(d.type_name, d.tf_device)
+    return found
+
+
+def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
+               devices: Sequence[Device | str] | None = None, n_m: int | None = None,
+               optimizer: Any = "sgd", measure: bool = True, max_n_m: int = 32,
+               comm: CommModel | None = None, profile: ModelProfile | None = None,
+               options: milp.SolverOptions = milp.SolverOptions()) -> PlannerResult:
+    """Profile `model` at `batch_size` and partition it over `devices` (default: all).
+
+    Args:
+      n_m: minibatches in flight; None = min(Max_m, number of devices).
+      max_n_m: the largest N_m the search for Max_m considers.
+      optimizer: the optimizer (or its name, or slots per weight) for the memory model.
+      measure: time device types present in this process (module doc); else estimate all.
+      profile: reuse a profile made earlier (same model and batch size).
+    """
+    chosen = [cluster.device(d) for d in (devices if devices is not None else cluster.devices)]
+    if not chosen:
+        raise PartitionError("The cluster has no compute devices to plan on. Received: "
+                             f"devices={list(devices) if devices is not None else []}; "
+                             "declare devices for the worker tasks.")
+    slots = optimizer_slots(optimizer)
+    if profile is None:
+        types = sorted({d.type_name for d in chosen})
+        profile = profile_model(model, batch_size, types,
+                                measure_on=measurable_devices(chosen) if measure else {})
+    elif profile.batch_size != batch_size:
+        profile = profile.scaled(batch_size)
+    max_m = milp.max_minibatches(profile, chosen, cluster=cluster, optimizer_slots=slots,
+                                 limit=max(max_n_m, n_m or 1), options=options)
+    if n_m is None:
+        n_m = max(1, min(max_m, len(chosen)))
+    elif n_m > max_m >= 1:
+        raise PartitionError(
+            f"N_m exceeds what the devices' memory allows (Max_m={max_m}). Received: "
+            f"n_m={n_m}; use n_m <= {max_m}, a smaller batch, or more devices.")
+    plan = milp.solve(profile, chosen, n_m, cluster=cluster, comm=comm, optimizer_slots=slots,
+                      options=options)
+    return PlannerResult(plan=plan, profile=profile, max_m=max_m)

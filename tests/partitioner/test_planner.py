@@ -1,0 +1,40 @@
+"""plan_model end to end: profile a real Keras model, find Max_m and N_m, solve."""
+
+import dataclasses
+
+import pytest
+
+from hetpipe_tf import models
+from hetpipe_tf.cluster.spec import Cluster
+from hetpipe_tf.partitioner.plan import PartitionError
+from hetpipe_tf.partitioner.planner import measurable_devices, plan_model
+
+
+def test_local_cpu_types_are_measured_and_gpu_types_estimated():
+    cluster = Cluster.local(["LOCAL_CPU", "TITAN_V"])
+    assert measurable_devices(cluster.devices) == {"LOCAL_CPU": "/device:CPU:0"}
+    result = plan_model(models.build_model("mlp", num_classes=10), cluster, 8,
+                        optimizer="adam")
+    assert dict(result.profile.time_source) == {"LOCAL_CPU": "measured",
+                                                "TITAN_V": "estimated"}
+    plan = result.plan
+    assert plan.num_stages == 2 and plan.optimizer_slots == 2
+    assert plan.n_m == min(result.max_m, 2)
+    plan.check_matches(["dense_1", "dense_2", "dense_3", "predictions"])
+
+
+def _with_memory(cluster, nbytes):
+    return Cluster(hosts=tuple(dataclasses.replace(h, devices=tuple(
+        dataclasses.replace(d, memory_bytes=nbytes) for d in h.devices)) for h in cluster.hosts),
+        inter_bandwidth=cluster.inter_bandwidth)
+
+
+def test_default_n_m_and_n_m_above_max_m():
+    cluster = Cluster.local(["LOCAL_CPU", "LOCAL_CPU"])
+    model = models.build_model("small_cnn", num_classes=10)
+    result = plan_model(model, cluster, 4, measure=False, max_n_m=4)
+    assert result.max_m == 4 and result.plan.n_m == 2     # default min(Max_m, k)
+    # With 3 MB a device, far fewer than 40 minibatches of activations fit.
+    squeezed = _with_memory(cluster, 3_000_000)
+    with pytest.raises(PartitionError, match=r"Max_m=\d+\). Received: n_m=40"):
+        plan_model(model, squeezed, 4, n_m=40, profile=result.profile)

@@ -1,0 +1,47 @@
+"""From the strategy's cluster argument to a Plan, with the partitioner (Section 7).
+
+Used when `HetPipeStrategy` gets no plan: at the first `fit` the model is profiled at the
+dataset's batch size (device types present on this machine are measured on their device,
+the others estimated from the catalog) and the MILP partitions it over the cluster's
+devices, in pipeline order, with N_m minibatches in flight (default: min(Max_m, k)), by
+`hetpipe_tf.partitioner.planner.plan_model`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def resolve_cluster(cluster: Any):
+    """A `hetpipe_tf.cluster.spec.Cluster` from a Cluster, dict, ClusterSpec/resolver or
+    TF_CONFIG (cluster=None)."""
+    from hetpipe_tf.cluster.spec import Cluster
+
+    if isinstance(cluster, Cluster):
+        return cluster
+    if cluster is None:
+        return Cluster.from_tf_config()
+    if isinstance(cluster, dict) and "hosts" in cluster:
+        return Cluster.from_dict(cluster)
+    raise ValueError(
+        "HetPipeStrategy cannot read the cluster's devices from this value. Received: "
+        f"cluster={cluster!r}; pass a hetpipe_tf.cluster.spec.Cluster (e.g. Cluster.local or "
+        "Cluster.from_tf_cluster_spec(spec, device_declarations)), its to_dict(), or set "
+        "TF_CONFIG with a 'hetpipe' devices section.")
+
+
+def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
+                          max_m: int | None):
+    """Profile and partition `model` with hetpipe_tf.partitioner.planner.plan_model.
+
+    N_m > Max_m raises ValueError (PartitionError) from the planner; a user-given `max_m`
+    bounds N_m further.
+    """
+    from hetpipe_tf.partitioner.planner import plan_model
+
+    cl = resolve_cluster(cluster)
+    result = plan_model(model, cl, batch_size, n_m=n_m, optimizer=model.optimizer)
+    if max_m is not None and result.plan.n_m > max_m:
+        result = plan_model(model, cl, batch_size, n_m=max_m, optimizer=model.optimizer,
+                            profile=result.profile)
+    return result.plan

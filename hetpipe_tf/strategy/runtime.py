@@ -1,0 +1,188 @@
+"""The pipeline runtime of one virtual worker: a thread per stage.
+
+`submit` hands minibatch p to stage 0 once p - N_m has completed (at most N_m in flight);
+it returns at once, so the Keras step that called it does not wait for p. Each stage thread
+takes tasks from its FIFO queue in the order they became ready: a forward task when the
+previous stage sent p's activations, a backward task when the next stage sent p's output
+gradients; the last stage runs forward, loss and backward of p as one task and then updates
+the loss and compiled metrics, in minibatch order. When stage 0 finishes p's backward, p is
+complete: its update is applied to w_local and the version of p + N_m is taken (no drain
+between waves). `drain` waits until every submitted minibatch completed; the next `submit`
+then starts a new run whose first N_m minibatches use the drained weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from hetpipe_tf.strategy.schedule import Task, TaskKind
+from hetpipe_tf.strategy.stage import Stage
+from hetpipe_tf.strategy.weights import Version, WeightVersions
+
+_STOP = object()
+
+
+class PipelineError(RuntimeError):
+    """A stage task failed; the pipeline stops and re-raises it on the next call."""
+
+
+@dataclasses.dataclass
+class Minibatch:
+    id: int
+    inputs: list
+    y: Any
+    sample_weight: Any
+    version: Version | None = None
+    saved: dict = dataclasses.field(default_factory=dict)
+    grads: dict = dataclasses.field(default_factory=dict)
+    deltas: dict = dataclasses.field(default_factory=dict)
+    extra_loss: Any = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceEvent:
+    task: Task
+    start: float
+    end: float
+
+
+class PipelineRuntime:
+    def __init__(self, stages: Sequence[Stage], optimizer, n_m: int,
+                 update_metrics: Callable[[Any, Any, Any, Any], dict], trace: bool = True):
+        self.stages = list(stages)
+        self.n_m = n_m
+        self.versions = WeightVersions(self.stages, optimizer, n_m)
+        self._update_metrics = update_metrics
+        self._queues = [queue.Queue() for _ in self.stages]
+        self._cond = threading.Condition()
+        self.submitted = 0
+        self.completed = 0
+        self.run_starts: list[int] = []
+        self._run_open = False
+        self._error: BaseException | None = None
+        self.logs: dict | None = None
+        self.trace_enabled = trace
+        self.trace: list[TraceEvent] = []
+        self.completions: list[int] = []
+        self._threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
+                                          name=f"hetpipe-stage-{j}")
+                         for j in range(len(self.stages))]
+        for t in self._threads:
+            t.start()
+
+    # --- called by the Keras step / the strategy ----------------------------------------
+    def submit(self, inputs: list, y, sample_weight) -> None:
+        with self._cond:
+            self._raise_if_failed()
+            if not self._run_open:
+                self._run_open = True
+                self.run_starts.append(self.submitted + 1)
+                self.versions.start_run(self.submitted + 1)
+            while self.submitted - self.completed >= self.n_m and self._error is None:
+                self._cond.wait()
+            self._raise_if_failed()
+            self.submitted += 1
+            mb = Minibatch(self.submitted, inputs, y, sample_weight)
+        mb.version = self.versions.take(mb.id)
+        kind = TaskKind.FORWARD_BACKWARD if len(self.stages) == 1 else TaskKind.FORWARD
+        self._queues[0].put((kind, mb, None))
+
+    def drain(self) -> None:
+        with self._cond:
+            while self.completed < self.submitted and self._error is None:
+                self._cond.wait()
+            self._run_open = False
+            self._raise_if_failed()
+
+    @property
+    def record(self) -> dict[int, tuple[int, ...]]:
+        """Minibatch id -> the update ids its weights reflected (for tests and debugging)."""
+        return {p: tuple(range(1, q + 1)) for p, q in sorted(self.versions.record.items())}
+
+    @property
+    def in_flight(self) -> int:
+        return self.submitted - self.completed
+
+    def close(self) -> None:
+        for q in self._queues:
+            q.put(_STOP)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise PipelineError(f"A pipeline stage failed: {self._error!r}") from self._error
+
+    # --- stage threads ------------------------------------------------------------------
+    def _worker(self, j: int) -> None:
+        stage = self.stages[j]
+        q = self._queues[j]
+        while True:
+            item = q.get()
+            if item is _STOP:
+                return
+            kind, mb, payload = item
+            if self._error is not None:
+                continue
+            t0 = time.perf_counter()
+            try:
+                self._run_task(j, stage, kind, mb, payload, t0)
+            except BaseException as e:  # noqa: BLE001 - reported to the caller of submit/drain
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+
+    def _record(self, j: int, kind: TaskKind, p: int, t0: float) -> None:
+        if self.trace_enabled:
+            self.trace.append(TraceEvent(Task(j, p, kind), t0, time.perf_counter()))
+
+    def _run_task(self, j: int, stage: Stage, kind: TaskKind, mb: Minibatch, payload, t0):
+        v = mb.version
+        if kind is TaskKind.FORWARD:
+            inputs = mb.inputs if j == 0 else payload
+            outputs, extra, deltas, saved = stage.forward(v.trainable[j], v.non_trainable[j],
+                                                          inputs)
+            mb.saved[j] = saved
+            mb.deltas[j] = deltas
+            mb.extra_loss = extra if j == 0 else mb.extra_loss + extra
+            self._record(j, kind, mb.id, t0)
+            nxt = TaskKind.FORWARD_BACKWARD if j + 1 == len(self.stages) - 1 else TaskKind.FORWARD
+            self._queues[j + 1].put((nxt, mb, outputs))
+        elif kind is TaskKind.FORWARD_BACKWARD:
+            inputs = mb.inputs if j == 0 else payload
+            wg, in_grads, loss, outputs, deltas = stage.forward_backward(
+                v.trainable[j], v.non_trainable[j], inputs, mb.y, mb.sample_weight)
+            mb.grads[j] = wg
+            mb.deltas[j] = deltas
+            total = loss if j == 0 else loss + mb.extra_loss
+            with tf.device(stage.device):
+                logs = self._update_metrics(total, mb.y, stage.program.pack_outputs(outputs),
+                                            mb.sample_weight)
+            self.logs = {k: val.numpy() for k, val in logs.items()}
+            self._record(j, kind, mb.id, t0)
+            if j == 0:
+                self._complete(mb)
+            else:
+                self._queues[j - 1].put((TaskKind.BACKWARD, mb, in_grads))
+        else:
+            wg, in_grads = stage.backward(mb.saved.pop(j), payload)
+            mb.grads[j] = wg
+            self._record(j, kind, mb.id, t0)
+            if j == 0:
+                self._complete(mb)
+            else:
+                self._queues[j - 1].put((TaskKind.BACKWARD, mb, in_grads))
+
+    def _complete(self, mb: Minibatch) -> None:
+        k = len(self.stages)
+        self.versions.apply(mb.id, [mb.grads[j] for j in range(k)],
+                            [mb.deltas[j] for j in range(k)])
+        mb.version = None
+        with self._cond:
+            self.completed = mb.id
+            self.completions.append(mb.id)
+            self._cond.notify_all()

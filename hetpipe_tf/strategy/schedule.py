@@ -1,0 +1,218 @@
+"""Pure rules of pipelined model parallelism within one virtual worker (paper Section 4).
+
+Nothing here touches TensorFlow. The runtime (`runtime.py`) obeys these rules and the
+tests check the runtime's recorded trace against them with `check_trace`.
+
+Minibatches are numbered from 1 in the order the user's dataset yields them. Stages are
+numbered from 0 (stage 0 receives the input, stage k-1 computes the loss).
+
+* Stage scheduling: the forward task of p on a stage runs after the forward tasks of every
+  p' < p on that stage; likewise for backward tasks; among ready tasks a stage runs the one
+  that became ready first (FIFO); the last stage runs forward+backward of a minibatch as one
+  task.
+* Local staleness: within a run (the minibatches between two drains of the pipeline, see
+  docs/strategy.md) minibatch p uses weights that reflect exactly the local updates of
+  minibatches 1..p-N_m; the first N_m minibatches of a run use the weights the run started
+  with (which reflect every update before the run).
+* Continuity: minibatch p+N_m may start as soon as p completed (its update is applied);
+  no drain between waves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import heapq
+from typing import Iterable, Mapping, Sequence
+
+
+class TaskKind(enum.Enum):
+    FORWARD = "fwd"
+    BACKWARD = "bwd"
+    FORWARD_BACKWARD = "fwd+bwd"  # the last stage's single task
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Task:
+    """One unit of work of one stage for one minibatch."""
+
+    stage: int
+    minibatch: int
+    kind: TaskKind = dataclasses.field(compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """A task that ran from `start` to `end` (seconds or abstract time units)."""
+
+    task: Task
+    ready: float
+    start: float
+    end: float
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}; "
+                         f"pass an int >= 1.")
+
+
+def last_reflected_update(p: int, n_m: int, run_start: int = 1) -> int:
+    """Id of the last local update reflected by minibatch p's weights.
+
+    Updates are applied in minibatch order, so the weights reflect updates 1..q exactly,
+    with q = max(run_start - 1, p - n_m). `run_start` is the first minibatch of the run p
+    belongs to (1 when the pipeline never drained).
+    """
+    _check_positive("p", p)
+    _check_positive("n_m", n_m)
+    _check_positive("run_start", run_start)
+    if p < run_start:
+        raise ValueError(f"A minibatch cannot precede its run. Received: p={p}, "
+                         f"run_start={run_start}; pass run_start <= p.")
+    return max(run_start - 1, p - n_m)
+
+
+def reflected_updates(p: int, n_m: int, run_start: int = 1) -> tuple[int, ...]:
+    """The update ids (1-based minibatch ids) that minibatch p's weights reflect."""
+    return tuple(range(1, last_reflected_update(p, n_m, run_start) + 1))
+
+
+def wave_of(p: int, n_m: int) -> int:
+    """0-based wave index of minibatch p: waves are N_m consecutive minibatches."""
+    _check_positive("p", p)
+    _check_positive("n_m", n_m)
+    return (p - 1) // n_m
+
+
+def may_start(p: int, completed: int, n_m: int) -> bool:
+    """Whether minibatch p may enter the pipeline when minibatches 1..completed are done."""
+    return p - completed <= n_m
+
+
+def task_kinds(stage: int, num_stages: int) -> tuple[TaskKind, ...]:
+    """The tasks a stage runs for each minibatch, in order."""
+    if stage == num_stages - 1:
+        return (TaskKind.FORWARD_BACKWARD,)
+    return (TaskKind.FORWARD, TaskKind.BACKWARD)
+
+
+def simulate(num_stages: int, n_m: int, num_minibatches: int,
+             forward_time: Sequence[float] | None = None,
+             backward_time: Sequence[float] | None = None,
+             arrival: Sequence[float] | None = None) -> list[Event]:
+    """Event order of one virtual worker under the Section 4 rules (a discrete-event model).
+
+    `forward_time[j]` / `backward_time[j]` are stage j's task durations (default 1 and 2);
+    the last stage's single task takes the sum of both. `arrival[p-1]` is when minibatch p
+    is handed to the virtual worker (default 0: the input is never the bottleneck).
+    Minibatch p enters stage 0 once it arrived and minibatch p-N_m completed.
+    Returns events sorted by start time (ties by stage).
+    """
+    _check_positive("num_stages", num_stages)
+    _check_positive("n_m", n_m)
+    if num_minibatches < 0:
+        raise ValueError(f"num_minibatches must be >= 0. Received: {num_minibatches}.")
+    k = num_stages
+    fwd = list(forward_time) if forward_time is not None else [1.0] * k
+    bwd = list(backward_time) if backward_time is not None else [2.0] * k
+    arr = list(arrival) if arrival is not None else [0.0] * num_minibatches
+    if len(fwd) != k or len(bwd) != k or len(arr) != num_minibatches:
+        raise ValueError("forward_time and backward_time need one value per stage and arrival "
+                         f"one per minibatch. Received: {len(fwd)}, {len(bwd)}, {len(arr)}.")
+
+    seq = 0
+    ready: list[list[tuple[float, int, Task]]] = [[] for _ in range(k)]  # per-stage heaps
+    free_at = [0.0] * k
+    done_time: dict[int, float] = {}
+    events: list[Event] = []
+
+    def push(task: Task, t: float) -> None:
+        nonlocal seq
+        heapq.heappush(ready[task.stage], (t, seq, task))
+        seq += 1
+
+    def first_kind(stage: int) -> TaskKind:
+        return task_kinds(stage, k)[0]
+
+    # Minibatches 1..N_m may enter at arrival; later ones when p-N_m completes.
+    for p in range(1, min(n_m, num_minibatches) + 1):
+        push(Task(0, p, first_kind(0)), arr[p - 1])
+    while any(ready):
+        # The next task to run: the stage that can start earliest (FIFO on its queue).
+        best = None
+        for j in range(k):
+            if ready[j]:
+                t_ready, s, task = ready[j][0]
+                start = max(t_ready, free_at[j])
+                if best is None or (start, j) < (best[0], best[1]):
+                    best = (start, j)
+        start, j = best
+        t_ready, _, task = heapq.heappop(ready[j])
+        kind = task.kind
+        dur = (fwd[j] + bwd[j]) if kind is TaskKind.FORWARD_BACKWARD else (
+            fwd[j] if kind is TaskKind.FORWARD else bwd[j])
+        end = start + dur
+        free_at[j] = end
+        events.append(Event(task, t_ready, start, end))
+        p = task.minibatch
+        if kind is TaskKind.FORWARD:
+            push(Task(j + 1, p, first_kind(j + 1)), end)
+        elif j > 0:
+            push(Task(j - 1, p, TaskKind.BACKWARD), end)
+        else:  # stage 0 finished p's backward (or k == 1): p completed
+            done_time[p] = end
+            nxt = p + n_m
+            if nxt <= num_minibatches:
+                push(Task(0, nxt, first_kind(0)), max(end, arr[nxt - 1]))
+    events.sort(key=lambda e: (e.start, e.task.stage))
+    return events
+
+
+def per_stage_order(events: Iterable[Event]) -> dict[int, list[Task]]:
+    """Task order on each stage (by start time)."""
+    out: dict[int, list[Task]] = {}
+    for e in sorted(events, key=lambda e: (e.start, e.end)):
+        out.setdefault(e.task.stage, []).append(e.task)
+    return out
+
+
+def check_trace(stage_orders: Mapping[int, Sequence[Task]], num_stages: int, n_m: int,
+                completions: Sequence[int] | None = None) -> None:
+    """Raise AssertionError unless per-stage task orders obey the Section 4 rules.
+
+    Checks per-stage order of forward and backward tasks, the last stage's single task, and
+    (on stage 0, which sees each minibatch first and last) at most N_m minibatches in
+    flight. `completions`: minibatch ids in completion order (must be increasing).
+    """
+    k = num_stages
+    for j in range(k):
+        tasks = list(stage_orders.get(j, ()))
+        kinds = task_kinds(j, k)
+        for kind in kinds:
+            ps = [t.minibatch for t in tasks if t.kind is kind]
+            assert ps == sorted(ps), f"stage {j} runs {kind.value} out of order: {ps}"
+            assert len(set(ps)) == len(ps), f"stage {j} repeats a {kind.value} task: {ps}"
+        if j == k - 1:
+            assert all(t.kind is TaskKind.FORWARD_BACKWARD for t in tasks), (
+                f"last stage {j} must run forward+backward as one task")
+        else:
+            assert not any(t.kind is TaskKind.FORWARD_BACKWARD for t in tasks)
+            # A backward of p on stage j never precedes its forward.
+            seen_fwd: set[int] = set()
+            for t in tasks:
+                if t.kind is TaskKind.FORWARD:
+                    seen_fwd.add(t.minibatch)
+                else:
+                    assert t.minibatch in seen_fwd, f"stage {j}: bwd {t.minibatch} before fwd"
+    # In flight on stage 0 (it sees each minibatch first and last): at most N_m forwards
+    # started whose backward has not run.
+    in_flight = 0
+    for t in stage_orders.get(0, ()):
+        if t.kind in (TaskKind.FORWARD, TaskKind.FORWARD_BACKWARD):
+            in_flight += 1
+            assert in_flight <= n_m, f"more than N_m={n_m} minibatches in flight"
+        if t.kind in (TaskKind.BACKWARD, TaskKind.FORWARD_BACKWARD):
+            in_flight -= 1
+    if completions is not None:
+        assert list(completions) == sorted(completions), f"completion order: {completions}"

@@ -1,0 +1,188 @@
+"""One pipeline stage: a node range of the model, compiled, placed on one device.
+
+The stage's forward is a `tf.function` that takes the weight version as TENSORS (a snapshot
+of w_local, see `weights.py`) and the stage's input tensors, and calls the stage's Keras
+layers inside a `keras.StatelessScope` mapping each stage variable to its version. Non-last
+stages call it under an eager `tf.GradientTape` that is kept until the backward task; the
+backward is `tape.gradient(...)` with the next stage's output gradients (no recomputation:
+the tape holds the compiled function's intermediates). The last stage runs forward, loss and
+backward as one compiled task. Every call happens on the stage's own thread under
+`tf.device(stage device)` so forward and backward ops run on that device.
+
+State of a stage's layers:
+* trainable variables: versioned; gradients go to the optimizer when the minibatch completes;
+* float non-trainable variables (BatchNorm moving statistics): versioned; the change the
+  forward made (new - version) is added to w_local when the minibatch completes;
+* other non-trainable variables (random seed generator state): sequential; read live and
+  written back by each forward, in minibatch order, as in plain Keras.
+
+Emulation: a stage on a device with emulated_speed_factor f < 1 sleeps after each task for
+(1/f - 1) times the task's measured time, so it takes 1/f as long. This is emulation only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import keras
+import tensorflow as tf
+
+from hetpipe_tf.strategy import keras_shim
+from hetpipe_tf.strategy.program import Program, Ref
+
+
+def _unique(variables) -> list:
+    seen, out = set(), []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+@dataclasses.dataclass
+class Saved:
+    """What a non-last stage keeps from a forward until the backward of the same minibatch."""
+
+    tape: Any
+    tvals: list
+    float_inputs: list
+    outputs: list
+    extra: Any
+    mask: list
+
+
+class Stage:
+    def __init__(self, index: int, num_stages: int, program: Program, first: int, last: int,
+                 device: str, emulated_speed_factor: float = 1.0, model=None):
+        self.index = index
+        self.is_last = index == num_stages - 1
+        self.program = program
+        self.first, self.last = first, last
+        self.device = device
+        self.emulated_speed_factor = float(emulated_speed_factor)
+        self.layers = program.stage_layers(first, last)
+        self.trainable = _unique(v for l in self.layers for v in l.trainable_variables)
+        nts = _unique(v for l in self.layers for v in l.non_trainable_variables)
+        self.versioned_nt = [v for v in nts if tf.as_dtype(v.dtype).is_floating]
+        self.sequential_nt = [v for v in nts if not tf.as_dtype(v.dtype).is_floating]
+        self.in_refs: tuple[Ref, ...] = program.cut(first - 1)
+        self.out_refs: tuple[Ref, ...] = program.cut(last)
+        # Which inputs need gradients: float tensors produced by an earlier stage.
+        self._in_grad = [not r.is_model_input for r in self.in_refs]
+        self._model = model
+        self._forward_fn = tf.function(self._forward_impl, reduce_retracing=True)
+        self._fwd_bwd_fn = tf.function(self._fwd_bwd_impl, reduce_retracing=True)
+        self.emulated_sleep_s = 0.0  # total time slept for emulation (labelled as such)
+
+    # --- the compiled bodies -----------------------------------------------------------
+    def _forward_impl(self, tvals, vvals, svals, inputs):
+        mapping = (list(zip(self.trainable, tvals)) + list(zip(self.versioned_nt, vvals))
+                   + list(zip(self.sequential_nt, svals)))
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            env = dict(zip(self.in_refs, inputs))
+            self.program.run(self.first, self.last, env, training=True)
+            outputs = [env[r] for r in self.out_refs]
+            extra = [tf.cast(l, tf.float32) for l in scope.losses]
+        for v, val in zip(self.trainable, tvals):
+            if getattr(v, "regularizer", None) is not None:
+                extra.append(tf.cast(v.regularizer(val), tf.float32))
+        extra = tf.add_n(extra) if extra else tf.zeros((), tf.float32)
+        deltas = []
+        for v, old in zip(self.versioned_nt, vvals):
+            new = scope.get_current_value(v)
+            deltas.append(tf.zeros_like(old) if new is None else new - old)
+        new_s = []
+        for v, old in zip(self.sequential_nt, svals):
+            new = scope.get_current_value(v)
+            new_s.append(old if new is None else tf.cast(new, old.dtype))
+        return outputs, extra, deltas, new_s
+
+    def _fwd_bwd_impl(self, tvals, vvals, svals, inputs, y, sample_weight):
+        fin = [x for x, m in zip(inputs, self._grad_mask(inputs)) if m]
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(tvals)
+            tape.watch(fin)
+            outputs, extra, deltas, new_s = self._forward_impl(tvals, vvals, svals, inputs)
+            y_pred = self.program.pack_outputs(outputs)
+            closs = keras_shim.compile_loss(self._model)
+            loss = extra
+            if closs is not None:
+                c = closs(y, y_pred, sample_weight)
+                if c is not None:
+                    loss = loss + tf.cast(c, tf.float32)
+        grads = tape.gradient(loss, [tvals, fin])
+        return grads[0], grads[1], loss, outputs, deltas, new_s
+
+    # --- tasks (call on the stage's thread) ---------------------------------------------
+    def _emulate(self, t0: float) -> None:
+        if self.emulated_speed_factor < 1.0:
+            extra = (time.perf_counter() - t0) * (1.0 / self.emulated_speed_factor - 1.0)
+            time.sleep(extra)  # EMULATION of a slower device, not real work
+            self.emulated_sleep_s += extra
+
+    def _read_sequential(self):
+        return [tf.identity(keras_shim.variable_handle(v)) for v in self.sequential_nt]
+
+    def _write_sequential(self, new_s) -> None:
+        for v, val in zip(self.sequential_nt, new_s):
+            keras_shim.variable_handle(v).assign(val)
+
+    def forward(self, tvals: Sequence, vvals: Sequence, inputs: Sequence):
+        """Forward task of a non-last stage. Returns (outputs, extra_loss, nt_deltas, saved)."""
+        t0 = time.perf_counter()
+        with tf.device(self.device):
+            inputs = list(inputs)
+            tvals = list(tvals)
+            mask = self._grad_mask(inputs)
+            fin = [x for x, m in zip(inputs, mask) if m]
+            tape = tf.GradientTape(watch_accessed_variables=False)
+            with tape:
+                tape.watch(tvals)
+                tape.watch(fin)
+                outputs, extra, deltas, new_s = self._forward_fn(
+                    tvals, list(vvals), self._read_sequential(), inputs)
+            self._write_sequential(new_s)
+        self._emulate(t0)
+        return outputs, extra, deltas, Saved(tape, tvals, fin, outputs, extra, mask)
+
+    def backward(self, saved: Saved, output_grads: Sequence):
+        """Backward task of a non-last stage. Returns (weight grads, grads of all inputs)."""
+        t0 = time.perf_counter()
+        with tf.device(self.device):
+            targets, ograds = [], []
+            for o, g in zip(saved.outputs, output_grads):
+                if o.dtype.is_floating:
+                    targets.append(o)
+                    ograds.append(tf.zeros_like(o) if g is None else tf.cast(g, o.dtype))
+            targets.append(saved.extra)
+            ograds.append(tf.ones_like(saved.extra))
+            wg, ig = saved.tape.gradient(targets, [saved.tvals, saved.float_inputs],
+                                         output_gradients=ograds)
+            in_grads = self._spread(saved.mask, ig)
+        self._emulate(t0)
+        return wg, in_grads
+
+    def forward_backward(self, tvals, vvals, inputs, y, sample_weight):
+        """The last stage's single task. Returns (weight grads, input grads, loss, outputs,
+        nt_deltas)."""
+        t0 = time.perf_counter()
+        with tf.device(self.device):
+            inputs = list(inputs)
+            wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd_fn(
+                list(tvals), list(vvals), self._read_sequential(), inputs, y, sample_weight)
+            self._write_sequential(new_s)
+            in_grads = self._spread(self._grad_mask(inputs), ig)
+        self._emulate(t0)
+        return wg, in_grads, loss, outputs, deltas
+
+    def _grad_mask(self, inputs) -> list[bool]:
+        return [g and x.dtype.is_floating for x, g in zip(inputs, self._in_grad)]
+
+    @staticmethod
+    def _spread(mask, float_grads) -> list:
+        """Gradients for every stage input (None where an input takes none)."""
+        it = iter(float_grads)
+        return [next(it) if m else None for m in mask]

@@ -1,0 +1,362 @@
+"""`HetPipeStrategy`: a tf.distribute.Strategy that trains a Keras model as one pipelined
+virtual worker (paper Sections 3-4).
+
+Keras 3 `model.fit` calls `strategy.run(model.train_step, ...)` inside a tf.function; the
+extended's `_call_for_each_replica` sees the model's bound `train_step` and replaces it by a
+`tf.py_function` that hands the batch to the model's `PipelineRuntime` (returning at once
+unless N_m minibatches are in flight) and returns the loss and compiled metrics as of the
+last completed minibatch. `test_step`/`predict_step` (evaluate, predict, validation) first
+drain the pipeline and then run on the live weights. The pipeline also drains whenever
+Keras reads the model's metrics with `get_metrics_result` (at the end of every epoch, before
+validation and epoch-end callbacks), so epoch-end logs, callbacks and the weights after
+`fit` reflect every minibatch. See docs/strategy.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from hetpipe_tf.strategy import keras_shim
+from hetpipe_tf.strategy.program import Program
+from hetpipe_tf.strategy.runtime import PipelineRuntime
+from hetpipe_tf.strategy.stage import Stage
+from hetpipe_tf.strategy.validation import check_batch, check_model, check_n_m, check_plan
+
+logger = logging.getLogger(__name__)
+
+
+class HetPipeStrategy(tf.distribute.Strategy):
+    """Pipelined model parallelism of one virtual worker under Keras `model.fit`.
+
+    Args:
+      cluster: the virtual worker's devices: a `hetpipe_tf.cluster` Cluster, a dict, a
+        `tf.train.ClusterSpec`, a ClusterResolver, or None to read TF_CONFIG. Optional when
+        `plan` is given (the plan names every stage's device).
+      plan: a `hetpipe_tf.partitioner.plan.Plan` for the model (its variables are then
+        created on their stage's device), or a callable model -> Plan called at the first
+        `fit`. Without it the planner partitions the model at the first `fit`. With a
+        callable or the planner, variables stay on the host device and each minibatch's
+        weight version is copied to the stage devices (see docs/strategy.md).
+      n_m: minibatches in flight (N_m). Defaults to the plan's N_m.
+      max_m: the memory bound Max_m, when known (N_m > Max_m is an error).
+    """
+
+    def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
+                 max_m: int | None = None):
+        extended = HetPipeExtended(self, cluster, plan, n_m, max_m)
+        super().__init__(extended)
+
+    @property
+    def plan(self):
+        return self.extended.plan
+
+    @property
+    def n_m(self) -> int | None:
+        return self.extended.n_m
+
+    def pipeline(self, model) -> PipelineRuntime:
+        """The pipeline runtime training `model` (records, trace, logs); for tests/debugging."""
+        return self.extended.pipelines[id(model)]
+
+    def drain(self) -> None:
+        """Wait until every minibatch handed to the pipeline completed (weights up to date)."""
+        self.extended.drain()
+
+    def close(self) -> None:
+        """Stop the stage threads."""
+        self.extended.close()
+
+
+class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
+    def __init__(self, container, cluster, plan, n_m, max_m):
+        super().__init__(container)
+        self._cluster_arg = cluster
+        self._plan_fn = plan if callable(plan) else None
+        plan = None if callable(plan) else plan
+        self.plan = plan
+        self.n_m = n_m if n_m is not None else (plan.n_m if plan is not None else None)
+        self.max_m = max_m
+        if (plan is None and self._plan_fn is None and cluster is None
+                and not os.environ.get("TF_CONFIG")):
+            raise ValueError(
+                "HetPipeStrategy needs the virtual worker's devices. Received: cluster=None, "
+                "plan=None and no TF_CONFIG; pass a cluster (hetpipe_tf.cluster) or a plan.")
+        if self.n_m is not None:
+            check_n_m(self.n_m, max_m, plan)
+        self._host = "/job:localhost/replica:0/task:0/device:CPU:0"
+        self._device_of_layer: dict[str, str] = {}
+        if plan is not None:
+            for s in plan.stages:
+                for name in s.layer_names:
+                    self._device_of_layer[name] = s.tf_device
+        self._default_device = plan.stages[-1].tf_device if plan is not None else self._host
+        self.pipelines: dict[int, PipelineRuntime] = {}
+        self._lock = threading.Lock()
+        self._runtime_threads: set[int] = set()
+
+    # --- variables ----------------------------------------------------------------------
+    def _device_for_scope(self, scope: str) -> str:
+        for part in reversed(scope.split("/")):
+            if part in self._device_of_layer:
+                return self._device_of_layer[part]
+        return self._default_device
+
+    def _create_variable(self, next_creator, **kwargs):
+        colocate_with = kwargs.pop("colocate_with", None)
+        if colocate_with is not None:  # optimizer slots follow their variable
+            with tf.device(colocate_with.device):
+                return next_creator(**kwargs)
+        with tf.device(self._device_for_scope(tf.get_current_name_scope())):
+            return next_creator(**kwargs)
+
+    def _validate_colocate_with_variable(self, colocate_with_variable):
+        del colocate_with_variable
+
+    # --- input: one virtual worker takes the user's batches as they are ------------------
+    def _experimental_distribute_dataset(self, dataset, options):
+        del options
+        return dataset
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        del options
+        return dataset_fn(tf.distribute.InputContext())
+
+    def _experimental_distribute_values_from_function(self, value_fn):
+        return value_fn(tf.distribute.experimental.ValueContext())
+
+    # --- the step ---------------------------------------------------------------------------
+    def _call_for_each_replica(self, fn, args, kwargs):
+        model, name = _bound_step(fn)
+        if model is not None and name == "train_step":
+            return self._pipelined_train_step(model, args, kwargs)
+        ctx = tf.distribute.ReplicaContext(self._container_strategy(), 0)
+        drained = tf.py_function(self._drain_for_step, [], Tout=tf.bool)
+        with tf.control_dependencies([drained]), ctx:
+            args = tf.nest.map_structure(_identity_or_keep, args)
+            return fn(*args, **kwargs)
+
+    def _drain_for_step(self):
+        self.drain()
+        return True
+
+    def _pipelined_train_step(self, model, args, kwargs):
+        if kwargs:
+            raise ValueError(f"train_step takes one argument. Received: kwargs={kwargs}.")
+        (data,) = args
+        runtime = self._runtime_for(model, data)
+        flat = tf.nest.flatten(data)
+        present = [i for i, t in enumerate(flat) if t is not None]
+        structure = data
+        orig_metrics = runtime.original_get_metrics_result
+        spec = orig_metrics()  # traced only for the names, dtypes and shapes of the logs
+        keys = list(spec.keys())
+        dtypes = [tf.as_dtype(spec[k].dtype) for k in keys]
+        shapes = [spec[k].shape for k in keys]
+        program = runtime.program
+
+        def submit(*tensors):
+            full = [None] * len(flat)
+            for i, t in zip(present, tensors):
+                full[i] = t
+            batch = tf.nest.pack_sequence_as(structure, full)
+            x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
+            runtime.submit(program.model_inputs(x), y, sw)
+            logs = runtime.logs
+            return [tf.zeros(s, d) if logs is None else tf.cast(logs[k], d)
+                    for k, s, d in zip(keys, shapes, dtypes)]
+
+        out = tf.py_function(submit, [flat[i] for i in present], Tout=dtypes)
+        for t, s in zip(out, shapes):
+            t.set_shape(s)
+        return dict(zip(keys, out))
+
+    def _runtime_for(self, model, data) -> PipelineRuntime:
+        with self._lock:
+            rt = self.pipelines.get(id(model))
+            if rt is not None:
+                return rt
+            rt = self._build_runtime(model, data)
+            self.pipelines[id(model)] = rt
+            return rt
+
+    def _build_runtime(self, model, data) -> PipelineRuntime:
+        strategy = self._container_strategy()
+        check_model(model, strategy)
+        batch_size = check_batch(data)
+        plan = self.plan
+        if plan is None:
+            with tf.init_scope():  # we are inside Keras' train-function trace: plan eagerly
+                plan = (self._plan_fn(model) if self._plan_fn is not None
+                        else self._make_plan(model, batch_size))
+            self.plan = plan
+            if self.n_m is None:
+                self.n_m = plan.n_m
+            check_n_m(self.n_m, self.max_m, plan)
+        program = Program.from_model(model, order=[n for s in plan.stages for n in s.layer_names])
+        check_plan(plan, program, model, batch_size)
+        stages = [Stage(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
+                        s.emulated_speed_factor, model) for s in plan.stages]
+        original = model.get_metrics_result  # bound method of the model's class
+
+        @tf.function(reduce_retracing=True)
+        def update_metrics(loss, y, y_pred, sample_weight):
+            batch = tf.shape(keras.tree.flatten(y_pred)[0])[0]
+            keras_shim.loss_tracker(model).update_state(loss, sample_weight=batch)
+            cm = keras_shim.compile_metrics(model)
+            if cm is not None:
+                cm.update_state(y, y_pred, sample_weight)
+            return original()
+
+        runtime = PipelineRuntime(stages, model.optimizer, self.n_m, update_metrics)
+        runtime.program = program
+        runtime.plan = plan
+        runtime.original_get_metrics_result = original
+        self._runtime_threads.update(t.ident for t in runtime._threads)
+        extended = self
+
+        def get_metrics_result():
+            # Keras reads the metrics at the end of every epoch (and of evaluate): drain so
+            # they, the validation that follows and epoch-end callbacks see every minibatch.
+            if tf.executing_eagerly() and threading.get_ident() not in extended._runtime_threads:
+                extended.drain()
+            return original()
+
+        object.__setattr__(model, "get_metrics_result", get_metrics_result)
+        logger.info("HetPipe pipeline for %s:\n%s", model.name, plan.table())
+        return runtime
+
+    def _make_plan(self, model, batch_size):
+        try:
+            from hetpipe_tf.strategy.planning import plan_with_partitioner
+        except ImportError as e:  # pragma: no cover - depends on the partitioner
+            raise ValueError(
+                "No plan was given and the planner is not available. Received: plan=None; "
+                "pass plan=... (hetpipe_tf.strategy.manual_plan) to HetPipeStrategy.") from e
+        return plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
+                                     self.max_m)
+
+    def drain(self) -> None:
+        if threading.get_ident() in self._runtime_threads:
+            return
+        for rt in list(self.pipelines.values()):
+            rt.drain()
+
+    def close(self) -> None:
+        for rt in self.pipelines.values():
+            rt.close()
+
+    # --- reductions and updates: one replica ----------------------------------------------
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        del reduce_op, destinations, options
+        return value
+
+    def _gather_to_implementation(self, value, destinations, axis, options):
+        del destinations, axis, options
+        return value
+
+    def _broadcast_to(self, tensor, destinations):
+        del destinations
+        return tensor
+
+    def _update(self, var, fn, args, kwargs, group):
+        if not self.pipelines and threading.get_ident() not in self._runtime_threads:
+            # The optimizer belongs to this strategy but Keras' own train_step is applying
+            # it: the model was built outside scope(), so fit() bypasses the pipeline.
+            raise ValueError(
+                "An optimizer created in HetPipeStrategy.scope() is updating variables "
+                "outside the pipeline: the model was not created inside the scope, so "
+                "model.fit would train it without the strategy. Received: update of "
+                f"{var.name!r} from Keras' own train_step; create the model and call "
+                "compile() inside `with strategy.scope():`.")
+        with tf.device(var.device):
+            result = fn(var, *args, **kwargs)
+        return result if group else tf.nest.map_structure(self._local_results, result)
+
+    def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
+        del colocate_with
+        result = fn(*args, **kwargs)
+        return result if group else tf.nest.map_structure(self._local_results, result)
+
+    def _use_merge_call(self):
+        return False
+
+    def read_var(self, replica_local_var):
+        return tf.identity(replica_local_var)
+
+    def _local_results(self, value):
+        return (value,)
+
+    def value_container(self, value):
+        return value
+
+    def _in_multi_worker_mode(self):
+        return False
+
+    @property
+    def _num_replicas_in_sync(self):
+        return 1
+
+    @property
+    def worker_devices(self):
+        return (self._host,)
+
+    @property
+    def parameter_devices(self):
+        if self.plan is None:
+            return (self._host,)
+        return tuple(s.tf_device for s in self.plan.stages)
+
+    def non_slot_devices(self, var_list):
+        del var_list
+        return (self._default_device,)
+
+    @property
+    def experimental_should_init(self):
+        return True
+
+    @property
+    def experimental_between_graph(self):
+        return False
+
+    @property
+    def should_checkpoint(self):
+        return True
+
+    @property
+    def should_save_summary(self):
+        return True
+
+    @property
+    def _global_batch_size(self):
+        return True
+
+    @property
+    def _support_per_replica_values(self):
+        return False
+
+    def _get_local_replica_id(self, replica_id_in_sync_group):
+        return replica_id_in_sync_group
+
+
+def _identity_or_keep(t):
+    return tf.identity(t) if isinstance(t, tf.Tensor) else t
+
+
+def _bound_step(fn):
+    """(model, method name) when fn is a Keras model's bound step method, else (None, None)."""
+    f = fn
+    for _ in range(5):
+        self_ = getattr(f, "__self__", None)
+        if isinstance(self_, keras.Model):
+            return self_, getattr(f, "__name__", None)
+        nxt = getattr(f, "__wrapped__", None)
+        if nxt is None:
+            break
+        f = nxt
+    return None, None

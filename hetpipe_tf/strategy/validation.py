@@ -1,0 +1,96 @@
+"""Checks that run before training starts: errors say what is wrong, the value received,
+and how to fix it."""
+
+from __future__ import annotations
+
+import logging
+
+import tensorflow as tf
+
+from hetpipe_tf.strategy import keras_shim
+
+logger = logging.getLogger(__name__)
+
+_OVERRIDES = ("train_step", "compute_loss")
+
+
+def check_n_m(n_m, max_m, plan) -> None:
+    if not isinstance(n_m, int) or isinstance(n_m, bool) or n_m < 1:
+        raise ValueError(f"N_m (minibatches in flight) must be a positive integer. Received: "
+                         f"n_m={n_m!r}; pass n_m >= 1.")
+    if max_m is not None and n_m > max_m:
+        raise ValueError(
+            f"N_m exceeds Max_m, the most minibatches the virtual worker's memory holds. "
+            f"Received: n_m={n_m}, max_m={max_m}; pass n_m <= {max_m} (or devices with more "
+            "memory).")
+    if plan is not None:
+        if n_m > plan.n_m:
+            short = [s for s in plan.stages if s.memory_bytes > s.memory_available]
+            raise ValueError(
+                f"N_m is larger than the N_m the plan was made for, so its memory check does "
+                f"not hold (stage 0 keeps N_m minibatches). Received: n_m={n_m}, "
+                f"plan.n_m={plan.n_m}; make the plan with n_m={n_m} or pass n_m <= {plan.n_m}."
+                + (f" The plan is already short of memory on {[s.device for s in short]}."
+                   if short else ""))
+        short = [s for s in plan.stages if s.memory_bytes > s.memory_available]
+        if short:
+            s = short[0]
+            raise ValueError(
+                f"The plan does not fit device memory (N_m > Max_m for this partition). "
+                f"Received: stage {s.index} on {s.device} needs {s.memory_bytes} bytes, "
+                f"{s.memory_available} available; lower N_m or re-plan.")
+
+
+def check_model(model, strategy) -> None:
+    for name in _OVERRIDES:
+        if keras_shim.call_overridden(model, name):
+            raise ValueError(
+                f"HetPipeStrategy runs its own pipelined training step, so a model class that "
+                f"overrides {name}() cannot be trained by it (the override would be silently "
+                f"ignored). Received: model class {type(model).__name__} overrides {name}; "
+                f"use a model without the override (losses and metrics via compile()).")
+    if model.distribute_strategy is not strategy:
+        raise ValueError(
+            "The model was not created inside HetPipeStrategy.scope(). Received: "
+            f"model.distribute_strategy={model.distribute_strategy!r}; create the model and "
+            "call compile() inside `with strategy.scope():`.")
+    if model.optimizer is None:
+        raise ValueError("The model has no optimizer. Received: optimizer=None; call "
+                         "model.compile(optimizer=...) inside strategy.scope().")
+    keras_shim.functional_graph(model)  # raises for subclassed models
+    for layer in keras_shim.all_layers(model):
+        if getattr(layer, "stateful", False):
+            raise ValueError(
+                "The pipeline runtime cannot place state carried across minibatches "
+                f"(stateful=True). Received: layer {layer.name!r} ({type(layer).__name__}) "
+                "with stateful=True; use stateful=False.")
+        if getattr(layer, "mask_zero", False):
+            raise ValueError(
+                "The pipeline runtime does not carry Keras masks between stages. Received: "
+                f"layer {layer.name!r} with mask_zero=True; use mask_zero=False (mask in the "
+                "loss with sample weights instead).")
+
+
+def check_batch(data) -> int:
+    """The static batch size of a training batch; varying batch sizes are rejected."""
+    flat = [t for t in tf.nest.flatten(data) if t is not None]
+    sizes = {t.shape[0] if t.shape.rank else None for t in flat}
+    if None in sizes or len(sizes) != 1:
+        raise ValueError(
+            "HetPipeStrategy needs every minibatch to have the same batch size (the plan and "
+            "N_m are made for one minibatch size), but this dataset's batch size may vary. "
+            f"Received: batch shapes {[tuple(t.shape) for t in flat]}; batch the dataset with "
+            "drop_remainder=True (or pass a sample count that is a multiple of batch_size).")
+    return sizes.pop()
+
+
+def check_plan(plan, program, model, batch_size: int) -> None:
+    if plan.num_layers != len(program.nodes):
+        raise ValueError(
+            f"The plan does not match the model. Received: plan for {plan.num_layers} layers, "
+            f"model {model.name!r} has {len(program.nodes)}; make a new plan for this model.")
+    plan.check_matches(program.layer_names)
+    if plan.batch_size and plan.batch_size != batch_size:
+        logger.warning("The plan was made for batch size %d but the dataset's batch size is "
+                       "%d: its predicted times and memory do not apply.", plan.batch_size,
+                       batch_size)

@@ -1,0 +1,90 @@
+"""w_local and its versions (paper Section 4, "Considering Staleness").
+
+w_local is the model's real variables. A `Version` is a snapshot of them as tensors, one
+list per stage, read on that stage's device: TensorFlow's copy-on-write keeps a snapshot's
+buffers intact when the variables are later updated, so a version costs a copy only of what
+changes while it is alive (and a transfer when a variable sits on another device).
+
+`WeightVersions` keeps the version of every minibatch in flight and the record of which
+update ids each minibatch's weights reflected. When minibatch q completes, `apply` adds u_q
+to w_local (the model's optimizer applies q's gradients once, so its counters advance once
+per minibatch, plus the BatchNorm-style deltas) and snapshots the version for q + N_m.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Sequence
+
+import tensorflow as tf
+
+from hetpipe_tf.strategy import keras_shim
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+    """Weights reflecting exactly local updates 1..last_update (per-stage tensor lists)."""
+
+    last_update: int
+    trainable: tuple[tuple, ...]     # per stage
+    non_trainable: tuple[tuple, ...]  # per stage (versioned float state)
+
+    @property
+    def updates(self) -> tuple[int, ...]:
+        return tuple(range(1, self.last_update + 1))
+
+
+class WeightVersions:
+    def __init__(self, stages: Sequence, optimizer, n_m: int):
+        self._stages = list(stages)
+        self._optimizer = optimizer
+        self._n_m = n_m
+        self._tvars = [v for s in self._stages for v in s.trainable]
+        self._ntvars = [v for s in self._stages for v in s.versioned_nt]
+        self._versions: dict[int, Version] = {}
+        self._lock = threading.Lock()
+        self.applied = 0            # id of the last update applied to w_local
+        self.record: dict[int, int] = {}  # minibatch id -> last update id its version had
+        self._apply_fn = tf.function(self._apply_impl, reduce_retracing=True)
+
+    def snapshot(self) -> Version:
+        tr, nt = [], []
+        for s in self._stages:
+            with tf.device(s.device):
+                tr.append(tuple(tf.identity(keras_shim.variable_handle(v)) for v in s.trainable))
+                nt.append(tuple(tf.identity(keras_shim.variable_handle(v))
+                                for v in s.versioned_nt))
+        return Version(self.applied, tuple(tr), tuple(nt))
+
+    def start_run(self, first: int) -> None:
+        """A run starts at minibatch `first`: minibatches first..first+N_m-1 use w_local now."""
+        base = self.snapshot()
+        with self._lock:
+            self._versions = {p: base for p in range(first, first + self._n_m)}
+
+    def take(self, p: int) -> Version:
+        """The version minibatch p uses (recorded); stays alive until `release(p)`."""
+        with self._lock:
+            version = self._versions.pop(p)
+            self.record[p] = version.last_update
+        return version
+
+    def _apply_impl(self, grads, deltas):
+        pairs = [(g, v) for g, v in zip(grads, self._tvars) if g is not None]
+        if pairs:
+            self._optimizer.apply_gradients(pairs)
+        for v, d in zip(self._ntvars, deltas):
+            keras_shim.variable_handle(v).assign_add(d)
+
+    def apply(self, q: int, grads_by_stage: Sequence[Sequence], deltas_by_stage: Sequence[Sequence]):
+        """w_local += u_q, then snapshot the version of minibatch q + N_m."""
+        if q != self.applied + 1:
+            raise RuntimeError(f"Updates must be applied in order: got {q} after {self.applied}.")
+        grads = [g for gs in grads_by_stage for g in gs]
+        deltas = [d for ds in deltas_by_stage for d in ds]
+        self._apply_fn(grads, deltas)
+        self.applied = q
+        version = self.snapshot()
+        with self._lock:
+            self._versions[q + self._n_m] = version

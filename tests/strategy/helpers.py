@@ -1,0 +1,69 @@
+"""Shared helpers of the strategy tests: small models, data, and an independent reference
+of HetPipe's local staleness rule written with plain Keras/TF (not the runtime)."""
+
+from __future__ import annotations
+
+import numpy as np
+import keras
+import tensorflow as tf
+
+DEVICES = ["/job:localhost/replica:0/task:0/device:CPU:%d" % i for i in range(4)]
+
+
+def skip_model(seed: int = 0, name: str = "skipnet") -> keras.Model:
+    """Functional model whose skip connection crosses stage boundaries (5 nodes)."""
+    init = lambda s: keras.initializers.GlorotUniform(seed=seed + s)  # noqa: E731
+    inp = keras.Input((8,), name="x")
+    h1 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(1), name="d1")(inp)
+    h2 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(2), name="d2")(h1)
+    h3 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(3), name="d3")(h2)
+    s = keras.layers.Add(name="add")([h1, h3])
+    out = keras.layers.Dense(1, kernel_initializer=init(4), name="out")(s)
+    return keras.Model(inp, out, name=name)
+
+
+def regression_data(n: int = 64, seed: int = 0):
+    rs = np.random.RandomState(seed)
+    x = rs.randn(n, 8).astype("float32")
+    y = (np.sin(x[:, :1]) + 0.5 * x[:, 1:2] * x[:, 2:3]).astype("float32")
+    return x, y
+
+
+def staleness_reference(build, weights0, make_optimizer, batches, n_m: int, runs):
+    """Weights after training with HetPipe's local staleness, computed independently.
+
+    `batches`: list of (x, y); `runs`: first minibatch id (1-based) of every run (a run
+    restarts the window: its first N_m minibatches use the weights at its start).
+    Minibatch p's gradient is computed at the weights reflecting exactly updates
+    1..p-N_m (or everything before its run), and applied in minibatch order.
+    Returns (final weights, {p: last update id reflected}).
+    """
+    live = build()
+    live.set_weights(weights0)
+    probe = build()
+    opt = make_optimizer()
+    opt.build(live.trainable_variables)
+    loss_fn = keras.losses.MeanSquaredError()
+    snapshots, record, base, run_start = {}, {}, None, None
+    for p, (x, y) in enumerate(batches, start=1):
+        if p in runs:
+            run_start, base = p, ([w.copy() for w in live.get_weights()], p - 1)
+            snapshots = {}
+        if p < run_start + n_m:
+            weights, last = base
+        else:
+            weights, last = snapshots.pop(p)
+        record[p] = last
+        probe.set_weights(weights)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, probe(x, training=True))
+        grads = tape.gradient(loss, probe.trainable_variables)
+        opt.apply_gradients(zip(grads, live.trainable_variables))
+        snapshots[p + n_m] = ([w.copy() for w in live.get_weights()], p)
+    return live.get_weights(), record
+
+
+def assert_weights_close(a, b, atol=1e-5):
+    assert len(a) == len(b)
+    for i, (u, v) in enumerate(zip(a, b)):
+        np.testing.assert_allclose(u, v, atol=atol, rtol=1e-5, err_msg=f"weight {i}")

@@ -1,0 +1,104 @@
+"""The pure Section 4 rules: exact values and properties (no TensorFlow)."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hetpipe_tf.strategy import schedule as sch
+from hetpipe_tf.strategy.schedule import Task, TaskKind
+
+F, B, FB = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.FORWARD_BACKWARD
+
+
+def test_reflected_updates_exact_values():
+    # N_m = 3: minibatches 1..3 use w_0; 4 uses u_1; 7 uses u_1..u_4.
+    assert [sch.last_reflected_update(p, 3) for p in range(1, 9)] == [0, 0, 0, 1, 2, 3, 4, 5]
+    assert sch.reflected_updates(7, 3) == (1, 2, 3, 4)
+    assert sch.reflected_updates(1, 1) == ()
+    assert sch.reflected_updates(5, 1) == (1, 2, 3, 4)  # N_m = 1: no staleness
+    # A run that starts at minibatch 9 (after a drain): 9..11 use everything before it.
+    assert [sch.last_reflected_update(p, 3, run_start=9) for p in range(9, 14)] == [8, 8, 8, 9, 10]
+
+
+def test_reflected_updates_rejects_bad_input():
+    with pytest.raises(ValueError, match="Received: n_m=0"):
+        sch.last_reflected_update(1, 0)
+    with pytest.raises(ValueError, match="run_start"):
+        sch.last_reflected_update(3, 2, run_start=5)
+
+
+def test_wave_and_may_start():
+    assert [sch.wave_of(p, 4) for p in (1, 4, 5, 8, 9)] == [0, 0, 1, 1, 2]
+    assert sch.may_start(4, completed=1, n_m=3) and not sch.may_start(5, completed=1, n_m=3)
+
+
+def test_simulate_two_stages_exact_order():
+    # k = 2, N_m = 2, fwd 1, bwd 2 (last stage fwd+bwd = 3).
+    ev = sch.simulate(2, 2, 4)
+    order = sch.per_stage_order(ev)
+    assert order[0] == [Task(0, 1, F), Task(0, 2, F), Task(0, 1, B), Task(0, 3, F),
+                        Task(0, 2, B), Task(0, 4, F), Task(0, 3, B), Task(0, 4, B)]
+    assert order[1] == [Task(1, p, FB) for p in (1, 2, 3, 4)]
+    times = {(e.task.stage, e.task.minibatch, e.task.kind): (e.start, e.end) for e in ev}
+    assert times[(0, 1, B)] == (4.0, 6.0)
+    # Continuity: minibatch 3 = 1 + N_m starts the moment 1 completes.
+    assert times[(0, 3, F)][0] == times[(0, 1, B)][1]
+
+
+def test_simulate_one_stage_is_sequential():
+    ev = sch.simulate(1, 3, 3, forward_time=[1.0], backward_time=[1.0])
+    assert [(e.task.minibatch, e.start, e.end) for e in ev] == [(1, 0, 2), (2, 2, 4), (3, 4, 6)]
+
+
+def test_pipelining_speeds_up_balanced_stages():
+    # 4 balanced stages: N_m = 4 approaches k-fold throughput of N_m = 1.
+    def makespan(n_m):
+        return max(e.end for e in sch.simulate(4, n_m, 64, [1.0] * 4, [1.0] * 4))
+    assert makespan(1) == 64 * 8
+    assert makespan(1) / makespan(4) > 3.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 5), n_m=st.integers(1, 6), n=st.integers(0, 25),
+       fwd=st.lists(st.floats(0.1, 3.0), min_size=5, max_size=5),
+       bwd=st.lists(st.floats(0.1, 3.0), min_size=5, max_size=5))
+def test_simulation_obeys_section4_rules(k, n_m, n, fwd, bwd):
+    ev = sch.simulate(k, n_m, n, fwd[:k], bwd[:k])
+    order = sch.per_stage_order(ev)
+    sch.check_trace(order, k, n_m)
+    # Every minibatch runs every task exactly once.
+    assert len(ev) == n * (2 * k - 1)
+    # No stage runs two tasks at once, and no task starts before it is ready.
+    for j, tasks in order.items():
+        spans = sorted((e.start, e.end) for e in ev if e.task.stage == j)
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:]))
+    assert all(e.start >= e.ready - 1e-9 for e in ev)
+    # Continuity: p + N_m enters stage 0 exactly when p completes, unless stage 0 is busy.
+    done = {e.task.minibatch: e.end for e in ev
+            if e.task.stage == 0 and e.task.kind in (B, FB)}
+    starts = {e.task.minibatch: e for e in ev
+              if e.task.stage == 0 and e.task.kind in (F, FB)}
+    for p in range(1, n - n_m + 1):
+        assert starts[p + n_m].ready == pytest.approx(done[p])
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_m=st.integers(1, 8), p=st.integers(1, 200), offset=st.integers(0, 50))
+def test_reflected_updates_properties(n_m, p, offset):
+    run_start = max(1, p - offset)
+    got = sch.reflected_updates(p, n_m, run_start)
+    assert got == tuple(range(1, len(got) + 1))          # a prefix of the update ids
+    assert len(got) <= p - 1                             # never its own or later updates
+    assert p - 1 - len(got) <= n_m - 1                   # at most s_local = N_m-1 missing
+    if p >= run_start + n_m:
+        assert len(got) == p - n_m                       # exactly 1..p-N_m
+    else:
+        assert len(got) == run_start - 1                 # the run's starting weights
+
+
+def test_check_trace_catches_violations():
+    with pytest.raises(AssertionError, match="out of order"):
+        sch.check_trace({0: [Task(0, 2, F), Task(0, 1, F)], 1: []}, 2, 2)
+    with pytest.raises(AssertionError, match="in flight"):
+        sch.check_trace({0: [Task(0, 1, F), Task(0, 2, F), Task(0, 3, F)]}, 2, 2)
+    with pytest.raises(AssertionError, match="one task"):
+        sch.check_trace({0: [], 1: [Task(1, 1, F)]}, 2, 2)

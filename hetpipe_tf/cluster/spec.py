@@ -6,9 +6,12 @@ frozen, JSON-serialisable value built one of four ways:
 - by hand or from JSON (`Cluster.from_dict`, `Cluster.from_json`);
 - from a TensorFlow cluster (`Cluster.from_tf_cluster_spec`, `Cluster.from_tf_config`):
   one `Host` per TF task, whose devices are declared by type name, because a chief
-  cannot know the GPUs of a remote task before connecting to it;
+  cannot know the GPUs of a remote task before connecting to it (parsing in
+  `hetpipe_tf.cluster.tf_cluster`);
 - as an emulation on this machine (`Cluster.local`): every declared device is a logical
-  CPU device "/device:CPU:i", optionally slowed by an emulated speed factor;
+  CPU device "/device:CPU:i", optionally slowed by an emulated speed factor (in
+  `hetpipe_tf.cluster.local`, with `configure_logical_devices` and
+  `relative_speed_factors`, both also importable from here);
 - the paper's testbed (`paper_cluster`).
 
 A host is one TF task (one process); devices on one host talk over the intra-host link
@@ -23,7 +26,7 @@ import math
 import numbers
 import os
 import re
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 from hetpipe_tf.cluster.catalog import (
     BUILTIN_TYPE_NAMES,
@@ -400,29 +403,11 @@ class Cluster:
         Hosts are ordered chief, master, worker, other jobs by name, then ps; one host per
         task, named "<job><index>" (e.g. "worker1"); devices are named "worker1/gpu0".
         """
-        jobs = _cluster_spec_as_dict(cluster_spec)
-        declared = _normalise_declarations(device_declarations, jobs)
-        order = sorted(jobs, key=lambda j: (_JOB_ORDER.get(j, 3 if j != _PS_JOB else 4), j))
-        hosts = []
-        for job in order:
-            for index in sorted(jobs[job]):
-                host_name = f"{job}{index}"
-                counters: dict[str, int] = {}
-                devices = []
-                for type_name in declared.get((job, index), ()):
-                    kind = get_device_type(type_name).kind.value
-                    k = counters.get(kind, 0)
-                    counters[kind] = k + 1
-                    devices.append(Device(
-                        name=f"{host_name}/{kind.lower()}{k}",
-                        type_name=type_name,
-                        host=host_name,
-                        tf_device=f"/job:{job}/replica:0/task:{index}/device:{kind}:{k}",
-                    ))
-                hosts.append(Host(name=host_name, devices=tuple(devices),
-                                  intra_bandwidth=intra_bandwidth, task=(job, index),
-                                  address=jobs[job][index]))
-        return cls(hosts=tuple(hosts), inter_bandwidth=inter_bandwidth)
+        from hetpipe_tf.cluster.tf_cluster import cluster_from_tf_cluster_spec
+
+        return cluster_from_tf_cluster_spec(
+            cluster_spec, device_declarations, inter_bandwidth=inter_bandwidth,
+            intra_bandwidth=intra_bandwidth, cluster_cls=cls)
 
     @classmethod
     def from_tf_config(
@@ -440,37 +425,10 @@ class Cluster:
         declaration every "worker" task gets one LOCAL_CPU device (its CPU:0), which
         describes a worker on a machine like this one.
         """
-        env = os.environ if env is None else env
-        raw = env.get("TF_CONFIG")
-        if not raw:
-            raise _bad("TF_CONFIG is not set", "TF_CONFIG=None",
-                       "set it to JSON with a 'cluster' entry, or use from_tf_cluster_spec")
-        try:
-            config = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise _bad("TF_CONFIG is not valid JSON", f"TF_CONFIG={raw!r} ({e})",
-                       "fix the JSON") from None
-        if not isinstance(config, Mapping) or not config.get("cluster"):
-            raise _bad("TF_CONFIG has no 'cluster' entry", f"TF_CONFIG={raw!r}",
-                       "add 'cluster': {job: [addresses]}")
-        section = config.get("hetpipe") or {}
-        allowed = {"devices", "inter_bandwidth", "intra_bandwidth", "device_types"}
-        if not isinstance(section, Mapping) or set(section) - allowed:
-            raise _bad("TF_CONFIG 'hetpipe' section has unknown entries",
-                       f"hetpipe={section!r}", f"use only {sorted(allowed)}")
-        for t in section.get("device_types") or ():
-            register_device_type(DeviceType.from_dict(t))
-        declarations = device_declarations
-        if declarations is None:
-            declarations = section.get("devices")
-        if declarations is None:
-            declarations = {("worker", i): ["LOCAL_CPU"]
-                            for i in _cluster_spec_as_dict(config["cluster"]).get("worker", {})}
-        return cls.from_tf_cluster_spec(
-            config["cluster"], declarations,
-            inter_bandwidth=section.get("inter_bandwidth", INFINIBAND_56G_BANDWIDTH),
-            intra_bandwidth=section.get("intra_bandwidth", PCIE3_X16_BANDWIDTH),
-        )
+        from hetpipe_tf.cluster.tf_cluster import cluster_from_tf_config
+
+        return cluster_from_tf_config(env, device_declarations=device_declarations,
+                                      cluster_cls=cls)
 
     # ---------------------------------------------------------------- emulation
 
@@ -499,195 +457,12 @@ class Cluster:
           emulated_speed_factors: one factor per device (flat order), or type name ->
             factor; None = 1.0 everywhere.
         """
-        groups = _group_device_types(device_types, hosts)
-        # DeviceType values are registered so that the cluster can refer to them by name.
-        flat = [register_device_type(t).name if isinstance(t, DeviceType)
-                else get_device_type(t).name for g in groups for t in g]
-        factors = _speed_factors(emulated_speed_factors, flat)
-        host_list = []
-        i = 0
-        for h, group in enumerate(groups):
-            host_name = f"host{h}"
-            counters: dict[str, int] = {}
-            devices = []
-            for _ in group:
-                type_name = flat[i]
-                kind = get_device_type(type_name).kind.value.lower()
-                k = counters.get(kind, 0)
-                counters[kind] = k + 1
-                devices.append(Device(name=f"{host_name}/{kind}{k}", type_name=type_name,
-                                      host=host_name, tf_device=f"/device:CPU:{i}",
-                                      emulated_speed_factor=factors[i]))
-                i += 1
-            host_list.append(Host(name=host_name, devices=tuple(devices),
-                                  intra_bandwidth=intra_bandwidth))
-        return cls(hosts=tuple(host_list), inter_bandwidth=inter_bandwidth)
+        from hetpipe_tf.cluster.local import local_cluster
 
-
-# -------------------------------------------------------------------- helpers
-
-
-def relative_speed_factors(type_names: Iterable[str]) -> dict[str, float]:
-    """Type name -> peak FLOP/s relative to the fastest of them (1.0 for the fastest).
-
-    Use as `Cluster.local(..., emulated_speed_factors=relative_speed_factors(types))` to
-    emulate the compute heterogeneity of the types on identical logical CPUs.
-    """
-    types = [get_device_type(n) for n in type_names]
-    if not types:
-        raise _bad("relative_speed_factors needs at least one type", "type_names=[]",
-                   "pass the type names of the cluster")
-    fastest = max(t.peak_flops for t in types)
-    return {t.name: t.peak_flops / fastest for t in types}
-
-
-def _cluster_spec_as_dict(cluster_spec: Any) -> dict[str, dict[int, str]]:
-    """job -> {task index: address} from a dict, ClusterSpec or ClusterResolver."""
-    spec = cluster_spec
-    if callable(getattr(spec, "cluster_spec", None)):  # a ClusterResolver
-        spec = spec.cluster_spec()
-    if callable(getattr(spec, "as_dict", None)):  # a tf.train.ClusterSpec
-        spec = spec.as_dict()
-    if not isinstance(spec, Mapping) or not spec:
-        raise _bad("The cluster spec must be a non-empty dict, tf.train.ClusterSpec or "
-                   "ClusterResolver", f"cluster_spec={cluster_spec!r}",
-                   "pass e.g. {'worker': ['localhost:2222']}")
-    jobs: dict[str, dict[int, str]] = {}
-    for job, tasks in spec.items():
-        if isinstance(tasks, Mapping):
-            entries = {int(k): v for k, v in tasks.items()}
-        elif isinstance(tasks, (list, tuple)):
-            entries = dict(enumerate(tasks))
-        else:
-            raise _bad(f"Tasks of job {job!r} must be a list or a dict of addresses",
-                       f"{job}={tasks!r}", "pass e.g. ['host:2222', 'host:2223']")
-        if not isinstance(job, str) or not job:
-            raise _bad("Job names must be non-empty strings", f"job={job!r}",
-                       "use e.g. 'worker'")
-        jobs[job] = {int(i): str(a) for i, a in entries.items()}
-    return jobs
-
-
-_TASK_PATTERNS = (
-    re.compile(r"^/?job:(?P<job>[\w\-]+)(?:/replica:\d+)?/task:(?P<index>\d+)$"),
-    re.compile(r"^(?P<job>[\w\-]+):(?P<index>\d+)$"),
-)
-
-
-def _parse_task_key(key: TaskKey) -> tuple[str, int]:
-    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str):
-        try:
-            return key[0], int(key[1])
-        except (TypeError, ValueError):
-            pass
-    if isinstance(key, str):
-        for pattern in _TASK_PATTERNS:
-            m = pattern.match(key.strip())
-            if m:
-                return m.group("job"), int(m.group("index"))
-    raise _bad("Cannot read a task from a device declaration key", f"key={key!r}",
-               "use 'worker:0', '/job:worker/task:0' or ('worker', 0)")
-
-
-def _normalise_declarations(
-    declarations: Mapping[TaskKey, Sequence[str]],
-    jobs: Mapping[str, Mapping[int, str]],
-) -> dict[tuple[str, int], tuple[str, ...]]:
-    if not isinstance(declarations, Mapping):
-        raise _bad("Device declarations must be a mapping from task to type names",
-                   f"device_declarations={declarations!r}",
-                   "pass e.g. {'worker:0': ['TITAN_V', 'TITAN_V']}")
-    out: dict[tuple[str, int], tuple[str, ...]] = {}
-    for key, types in declarations.items():
-        job, index = _parse_task_key(key)
-        if job not in jobs or index not in jobs[job]:
-            known = [f"{j}:{i}" for j in sorted(jobs) for i in sorted(jobs[j])]
-            raise _bad("A device declaration names a task that is not in the cluster spec",
-                       f"task={job}:{index}", f"declare devices for one of {known}")
-        if (job, index) in out:
-            raise _bad("A task is declared twice", f"task={job}:{index}",
-                       "declare each task once")
-        if isinstance(types, str) or not isinstance(types, Sequence):
-            raise _bad(f"Devices of {job}:{index} must be a list of type names",
-                       f"devices={types!r}", "pass e.g. ['TITAN_V', 'TITAN_V']")
-        if job == _PS_JOB and types:
-            raise _bad("Parameter-server tasks carry no compute devices",
-                       f"task={job}:{index}, devices={list(types)!r}",
-                       "declare devices for worker or chief tasks only")
-        out[(job, index)] = tuple(get_device_type(t).name for t in types)
-    return out
-
-
-def _group_device_types(device_types: Sequence[Any], hosts: int) -> list[list[Any]]:
-    if isinstance(device_types, (str, DeviceType)) or not isinstance(device_types, Sequence):
-        raise _bad("device_types must be a list of type names (or one list per host)",
-                   f"device_types={device_types!r}", "pass e.g. ['TITAN_V', 'RTX_2060']")
-    items = list(device_types)
-    if items and all(isinstance(g, Sequence) and not isinstance(g, str) for g in items):
-        if hosts not in (1, len(items)):
-            raise _bad("hosts does not match the number of per-host lists",
-                       f"hosts={hosts}, lists={len(items)}", "omit hosts or make them equal")
-        groups = [list(g) for g in items]
-    else:
-        if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
-            raise _bad("hosts must be an int >= 1", f"hosts={hosts!r}", "pass e.g. hosts=2")
-        if len(items) % hosts:
-            raise _bad("The devices cannot be split evenly over the hosts",
-                       f"devices={len(items)}, hosts={hosts}",
-                       "pass one list per host, or a device count divisible by hosts")
-        per = len(items) // hosts
-        groups = [items[h * per:(h + 1) * per] for h in range(hosts)]
-    if not any(groups):
-        raise _bad("A cluster needs at least one compute device", "device_types=[]",
-                   "declare at least one device type")
-    return groups
-
-
-def _speed_factors(
-    factors: Sequence[float] | Mapping[str, float] | None, flat: Sequence[str]
-) -> list[float]:
-    if factors is None:
-        return [1.0] * len(flat)
-    if isinstance(factors, Mapping):
-        by_type = {canonical_type_name(k): v for k, v in factors.items()}
-        return [by_type.get(t, 1.0) for t in flat]
-    if isinstance(factors, str) or len(factors) != len(flat):
-        raise _bad("emulated_speed_factors needs one factor per device",
-                   f"emulated_speed_factors={factors!r}, devices={len(flat)}",
-                   "pass a list as long as the device list, or a type -> factor dict")
-    return list(factors)
-
-
-def configure_logical_devices(n: int) -> tuple[str, ...]:
-    """Split the physical CPU into (at least) n logical CPU devices.
-
-    Must run before TensorFlow initialises its devices (before the first op). If
-    TensorFlow is already initialised with >= n logical CPUs, or a configuration with
-    >= n devices is pending, it is accepted as is. Returns the logical CPU device names
-    ("/device:CPU:0", ...), as many as will exist.
-    """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise _bad("configure_logical_devices needs n >= 1", f"n={n!r}", "pass e.g. n=4")
-    import tensorflow as tf  # local import: the cluster spec itself does not need TF
-
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    pending = tf.config.get_logical_device_configuration(cpu)
-    if pending is not None and len(pending) >= n:
-        return tuple(f"/device:CPU:{i}" for i in range(len(pending)))
-    try:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
-        return tuple(f"/device:CPU:{i}" for i in range(n))
-    except RuntimeError:
-        have = len(tf.config.list_logical_devices("CPU"))
-        if have >= n:
-            return tuple(f"/device:CPU:{i}" for i in range(have))
-        raise RuntimeError(
-            f"TensorFlow is already initialised with {have} logical CPU device(s), fewer "
-            f"than requested. Received: n={n}; call configure_logical_devices({n}) first, "
-            "before any TensorFlow op runs (e.g. at the top of the program or in a "
-            "conftest), or run in a fresh process."
-        ) from None
+        return local_cluster(
+            device_types, hosts=hosts, emulated_speed_factors=emulated_speed_factors,
+            intra_bandwidth=intra_bandwidth, inter_bandwidth=inter_bandwidth,
+            cluster_cls=cls)
 
 
 def paper_cluster() -> Cluster:
@@ -708,3 +483,31 @@ def paper_cluster() -> Cluster:
         hosts.append(Host(name=name, devices=devices, intra_bandwidth=PCIE3_X16_BANDWIDTH,
                           task=("worker", i)))
     return Cluster(hosts=tuple(hosts), inter_bandwidth=INFINIBAND_56G_BANDWIDTH)
+
+
+# ------------------------------------------------------------------ re-exports
+
+
+# Defined in hetpipe_tf.cluster.local, which imports this module; loaded on first access
+# (PEP 562) so that either module may be imported first without an import cycle.
+_LOCAL_REEXPORTS = ("configure_logical_devices", "relative_speed_factors")
+
+if TYPE_CHECKING:
+    from hetpipe_tf.cluster.local import (  # noqa: F401
+        configure_logical_devices,
+        relative_speed_factors,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOCAL_REEXPORTS:
+        from hetpipe_tf.cluster import local
+
+        value = getattr(local, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LOCAL_REEXPORTS})

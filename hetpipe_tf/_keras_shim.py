@@ -1,11 +1,15 @@
-"""The one place that reads private Keras internals.
+"""The one place that reads private Keras internals (Keras 3.15, tf.keras in TF 2.21).
+
+Every function here wraps one private use, with a one-line reason. If a Keras upgrade
+breaks the partitioner or the strategy, look here first.
 
 Keras 3 exposes a Functional model's layers (`model.layers`, `model.operations`) but
 not its call graph: which call of which layer consumed which tensor, with which other
 arguments. `model.get_config()` has the wiring, but it serialises non-tensor call
 arguments (they would have to be deserialised again to re-call a layer) and fails for
-layers whose config is not serialisable, so it is not enough to execute a node range.
-Everything private that the rest of the package needs goes through `call_events`.
+layers whose config is not serialisable, so it is not enough to execute a node range:
+the graph is read through `call_events`. The rest is what the strategy's pipelined
+training step needs from Keras' own `Functional.call` and `Trainer.train_step`.
 """
 
 from __future__ import annotations
@@ -77,3 +81,59 @@ def call_events(functional: keras.Model) -> list[CallEvent]:
 def is_symbolic_tensor(value: Any) -> bool:
     """True for the symbolic tensors (KerasTensor) that wire a Functional graph."""
     return isinstance(value, keras.KerasTensor)
+
+
+# --- running a Functional model's graph the way Functional.call does ----------------------
+def outputs_struct(functional: keras.Model) -> Any:
+    """The nesting of the model's outputs (list, dict, single tensor)."""
+    # Reason: y_pred must be packed as Functional.call packs it; only kept privately.
+    return functional._outputs_struct
+
+
+def standardize_inputs(functional: keras.Model, x: Any) -> list:
+    """The model's inputs as a flat list in the order of its Input layers."""
+    # Reason: dict / list / single-tensor inputs map to Input layers as Functional does.
+    return list(functional._standardize_inputs(x))
+
+
+def all_layers(model: keras.Model) -> list:
+    """Every layer of the model, nested ones included."""
+    # Reason: model.layers lists only the top level.
+    return list(model._flatten_layers(include_self=False))
+
+
+# --- the parts of Keras' train_step that the pipelined step runs itself -------------------
+def compile_loss(model: keras.Model) -> Any:
+    """The compiled loss alone (None if the model was compiled without one)."""
+    # Reason: model.compute_loss would add the regularisation losses of the live variables,
+    # not of the stage's weight version.
+    return model._compile_loss
+
+
+def loss_tracker(model: keras.Model) -> Any:
+    # Reason: the "loss" metric that Keras' own train_step updates.
+    return model._loss_tracker
+
+
+def compile_metrics(model: keras.Model) -> Any:
+    # Reason: the compiled metrics, updated in minibatch order by the last stage.
+    return model._compile_metrics
+
+
+def call_overridden(model: keras.Model, name: str) -> bool:
+    """Whether the model's class overrides a Trainer method (train_step, compute_loss...)."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from keras.src.trainers.trainer import Trainer
+
+    # Reason: the base implementations live in these two private classes.
+    impl = getattr(type(model), name, None)
+    return impl is not None and impl not in (
+        getattr(TensorFlowTrainer, name, None),
+        getattr(Trainer, name, None),
+    )
+
+
+def variable_handle(v: Any) -> Any:
+    """The tf.Variable behind a Keras variable."""
+    # Reason: tf.Variable is what ops, devices and copy-on-write snapshots work on.
+    return v.value if isinstance(v, keras.Variable) else v

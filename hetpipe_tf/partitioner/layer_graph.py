@@ -276,14 +276,15 @@ class LayerGraph:
     def call_node(self, i: int, values: Mapping[TensorRef, Any], *, training: bool | None = None) -> tuple:
         """Call node i's layer on `values` (refs -> tensors); its flat outputs.
 
-        `training`, when given, is passed to layers (not to bare ops) unless the model
-        recorded an explicit value for that call (e.g. a frozen BatchNormalization).
+        `training`, when given, is passed to layers (not to bare ops), replacing a value
+        recorded when the model was built, as Keras' Functional.call does (`fit` runs a
+        layer called with training=False in training mode too).
         """
         node = self.nodes[self._check_index(i)]
         layer = self._layers[i]
         args, kwargs = node.call_structure.fill(values)
         if training is not None and isinstance(layer, keras.Layer):
-            kwargs.setdefault("training", training)
+            kwargs["training"] = training
         outputs = keras.tree.flatten(layer(*args, **kwargs))
         return tuple(outputs)
 

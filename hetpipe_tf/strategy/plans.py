@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from hetpipe_tf.partitioner.layer_graph import LayerGraph
 from hetpipe_tf.partitioner.plan import Plan, StagePlan
-from hetpipe_tf.strategy.program import Program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,15 +25,7 @@ class StageSpec:
 
 
 def layer_order(model) -> tuple[str, ...]:
-    """The model's layer (node) names in the order plans index them.
-
-    Uses the partitioner's LayerGraph when it is available, so node ranges agree with plans
-    the planner makes; otherwise the graph walk of `Program`.
-    """
-    try:
-        from hetpipe_tf.partitioner.layer_graph import LayerGraph
-    except ImportError:
-        return Program.from_model(model).layer_names
+    """The model's layer (node) names in the order plans index them (its LayerGraph's)."""
     return tuple(n.name for n in LayerGraph.from_model(model).nodes)
 
 

@@ -1,156 +1,98 @@
-"""A Keras model as a straight-line program of layer calls, cut into stages.
+"""The model's `LayerGraph` as the pipeline runtime runs it: node ranges as stages.
 
-`Program.from_model` walks the model's functional graph (Sequential models through their
-functional form) and lists every layer call in topological order with the tensors it reads,
-as `Ref(producer, index)` (producer = node position, or -1-k for model input k). A stage
-runs the calls of a contiguous node range: it receives the tensors crossing the cut before
-its first node and emits those crossing the cut after its last node (skip connections that
-jump over a stage pass through it unchanged). The node order follows the plan's layer names
-(the partitioner's `LayerGraph` order) when given, so node ranges mean the same thing here
-and in the plan.
+The graph itself (node order, `TensorRef`s, calling a node with `training`) is the
+partitioner's `LayerGraph`, so node ranges mean the same thing here and in plans. This
+module adds only what running the graph in stages needs:
+
+- `Program.cut(i)`: the tensors the stage ending at node i hands to the next stage. Unlike
+  `LayerGraph.cut_tensors` it also carries the model outputs produced at or before node i,
+  so that the last stage has every output for the loss. `cut(-1)` is what stage 0 receives
+  (the model inputs the graph reads), `cut(L - 1)` is what the last stage emits (the model
+  outputs). Skip connections that jump over a stage pass through it unchanged.
+- Feeding the model's inputs to stage 0 and packing y_pred as Keras' Functional does.
+- Rejecting shared layers: their weights would belong to several stages.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, MutableMapping, Sequence
 
 import keras
 
-from hetpipe_tf.strategy import keras_shim
+from hetpipe_tf import _keras_shim
+from hetpipe_tf.partitioner.layer_graph import LayerGraph, TensorRef
 
 
-@dataclasses.dataclass(frozen=True, order=True)
-class Ref:
-    """A tensor of the program: output `index` of node `producer` (or model input -1-k)."""
-
-    producer: int
-    index: int = 0
-
-    @property
-    def is_model_input(self) -> bool:
-        return self.producer < 0
-
-
-@dataclasses.dataclass(frozen=True)
-class ProgramNode:
-    index: int
-    name: str
-    layer: Any = dataclasses.field(repr=False)
-    keras_node: Any = dataclasses.field(repr=False)
-    inputs: tuple[Ref, ...]
-    num_outputs: int
+def check_no_shared_layers(graph: LayerGraph) -> None:
+    """Raise ValueError if a layer is called more than once (one node per call)."""
+    for node in graph.nodes:
+        if node.call_index > 0:
+            calls = sum(n.layer_name == node.layer_name for n in graph.nodes)
+            raise ValueError(
+                "The pipeline runtime cannot run a layer that is called more than once "
+                "(shared layer): its weights would belong to several stages. "
+                f"Received: layer {node.layer_name!r} called {calls} "
+                "times; use separate layers (or wrap the shared part in one sub-model "
+                "layer so it is one node).")
 
 
 class Program:
-    """Layer calls of a model in topological order (see module docstring)."""
+    """A model's LayerGraph with the runtime's cuts, inputs and outputs (module docstring)."""
 
-    def __init__(self, model, nodes: Sequence[ProgramNode], input_ids: Sequence[int],
-                 output_refs: Sequence[Ref], outputs_struct: Any, ref_of: Mapping[int, Ref]):
+    def __init__(self, graph: LayerGraph, model: keras.Model):
+        self.graph = graph
         self.model = model
-        self.nodes = tuple(nodes)
-        self._input_ids = tuple(input_ids)
-        self.output_refs = tuple(output_refs)
-        self._outputs_struct = outputs_struct
-        self._ref_of = dict(ref_of)
-        consumers: dict[Ref, int] = {}
-        for n in self.nodes:
-            for r in n.inputs:
-                consumers[r] = max(consumers.get(r, -2), n.index)
-        self._last_consumer = consumers
+        self._functional = _keras_shim.functional_graph(model)
+        self._input_refs = self.cut(-1)
+        self._output_refs = self.cut(len(graph) - 1)
 
-    # --- construction ----------------------------------------------------------------
     @classmethod
-    def from_model(cls, model, order: Sequence[str] | None = None) -> "Program":
-        fn = keras_shim.functional_graph(model)
-        kt_ref: dict[int, Ref] = {id(x): Ref(-1 - k, 0) for k, x in enumerate(fn.inputs)}
-        raw = []
-        for depth in sorted(keras_shim.nodes_by_depth(fn), reverse=True):
-            for node in keras_shim.nodes_by_depth(fn)[depth]:
-                if not node.operation or node.is_input:
-                    continue
-                raw.append(node)
-        by_name: dict[str, Any] = {}
-        for node in raw:
-            name = node.operation.name
-            if name in by_name:
-                raise ValueError(
-                    "The pipeline runtime cannot run a layer that is called more than once "
-                    "(shared layer): its weights would belong to several stages. "
-                    f"Received: layer {name!r} called {sum(n.operation.name == name for n in raw)} "
-                    "times; use separate layers (or wrap the shared part in one sub-model "
-                    "layer so it is one node).")
-            by_name[name] = node
-        if order is not None:
-            order = list(order)
-            if sorted(order) != sorted(by_name):
-                missing = sorted(set(by_name) - set(order))
-                extra = sorted(set(order) - set(by_name))
-                raise ValueError(
-                    "The plan does not match the model: their layers differ. Received: plan "
-                    f"layers missing from the model: {extra[:5]}, model layers missing from "
-                    f"the plan: {missing[:5]}; make a new plan for this model.")
-            raw = [by_name[n] for n in order]
-        nodes = []
-        for i, node in enumerate(raw):
-            refs = []
-            for x in node.input_tensors:
-                if id(x) not in kt_ref:
-                    raise ValueError(
-                        "The plan's layer order is not a topological order of the model: "
-                        f"layer {node.operation.name!r} at position {i} reads a tensor "
-                        "produced later. Received: order="
-                        f"{[n.operation.name for n in raw][:i + 1]}...; make a new plan.")
-                refs.append(kt_ref[id(x)])
-            for k, y in enumerate(node.outputs):
-                kt_ref[id(y)] = Ref(i, k)
-            nodes.append(ProgramNode(i, node.operation.name, node.operation, node,
-                                     tuple(refs), len(node.outputs)))
-        outputs = [kt_ref[id(x)] for x in fn.outputs]
-        return cls(model, nodes, [id(x) for x in fn.inputs], outputs,
-                   keras_shim.outputs_struct(fn), kt_ref)
+    def from_model(cls, model: keras.Model) -> Program:
+        graph = LayerGraph.from_model(model)
+        check_no_shared_layers(graph)
+        return cls(graph, model)
 
-    # --- structure -------------------------------------------------------------------
     @property
     def layer_names(self) -> tuple[str, ...]:
-        return tuple(n.name for n in self.nodes)
+        return tuple(node.name for node in self.graph.nodes)
 
-    @property
-    def num_inputs(self) -> int:
-        return len(self._input_ids)
-
-    def cut(self, i: int) -> tuple[Ref, ...]:
-        """Tensors produced at or before node i (model inputs count as before node 0) and
-        read after node i, plus model outputs produced at or before i; sorted."""
-        refs = set()
-        for r, last in self._last_consumer.items():
-            if r.producer <= i < last:
-                refs.add(r)
-        for r in self.output_refs:
-            if r.producer <= i:
-                refs.add(r)
-        if i < 0:
-            refs = {r for r in refs if r.is_model_input}
-        return tuple(sorted(refs))
+    def cut(self, i: int) -> tuple[TensorRef, ...]:
+        """The tensors crossing the cut after node i (-1 <= i < L), sorted: those produced
+        at or before i and read after i, plus the model outputs produced at or before i."""
+        graph = self.graph
+        if i < 0:  # before node 0: the model inputs that are read (or are outputs)
+            crossing = {r for n in graph.nodes for r in n.inputs if r.is_model_input}
+        elif i < len(graph) - 1:
+            crossing = set(graph.cut_tensors(i))
+        else:  # after the last node: nothing is read any more
+            crossing = set()
+        crossing.update(r for r in graph.outputs if r.node <= i)
+        return tuple(sorted(crossing))
 
     def stage_layers(self, first: int, last: int) -> list:
-        return [n.layer for n in self.nodes[first:last + 1]]
+        """The Keras layers that nodes first..last call."""
+        return [self.graph.layer_of(i) for i in range(first, last + 1)]
 
-    # --- execution -------------------------------------------------------------------
-    def run(self, first: int, last: int, env: dict[Ref, Any], training: bool) -> None:
-        """Call the layers of nodes first..last, reading and writing tensors in `env`."""
-        for n in self.nodes[first:last + 1]:
-            tensor_dict = {id(x): env[r] for x, r in zip(n.keras_node.input_tensors, n.inputs)}
-            args, kwargs = n.keras_node.arguments.fill_in(tensor_dict)
-            if "training" in keras_shim.call_context_args(n.layer):
-                kwargs["training"] = training
-            outs = keras.tree.flatten(n.layer(*args, **kwargs))
-            for k, y in enumerate(outs):
-                env[Ref(n.index, k)] = y
+    def run(self, first: int, last: int, env: MutableMapping[TensorRef, Any],
+            training: bool) -> None:
+        """Call nodes first..last, reading their inputs from and writing outputs to `env`."""
+        for i in range(first, last + 1):
+            for k, y in enumerate(self.graph.call_node(i, env, training=training)):
+                env[TensorRef(i, k)] = y
 
     def model_inputs(self, x) -> list:
-        """The model's inputs as a flat list in the order of the model's Input layers."""
-        return list(keras_shim.standardize_inputs(self.model, x))
+        """Stage 0's inputs: the values of `cut(-1)` taken from the model input `x` (a
+        tensor, list or dict, as Keras' Functional accepts it)."""
+        flat = _keras_shim.standardize_inputs(self._functional, x)
+        return [flat[r.input_index] for r in self._input_refs]
 
-    def pack_outputs(self, flat: Sequence[Any]):
-        return keras_shim.pack_outputs(self._outputs_struct, flat)
+    def pack_outputs(self, flat: Sequence[Any]) -> Any:
+        """y_pred from the last stage's outputs (the values of `cut(L - 1)`), nested as the
+        model's outputs and unpacked when single, as Keras' Functional returns it."""
+        by_ref = dict(zip(self._output_refs, flat))
+        outputs = [by_ref[r] for r in self.graph.outputs]
+        packed = keras.tree.pack_sequence_as(_keras_shim.outputs_struct(self._functional),
+                                             outputs)
+        if isinstance(packed, (list, tuple)) and len(packed) == 1:  # Functional's unpack_singleton
+            return packed[0]
+        return packed

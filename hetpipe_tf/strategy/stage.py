@@ -29,8 +29,9 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
-from hetpipe_tf.strategy import keras_shim
-from hetpipe_tf.strategy.program import Program, Ref
+from hetpipe_tf import _keras_shim
+from hetpipe_tf.partitioner.layer_graph import TensorRef
+from hetpipe_tf.strategy.program import Program
 
 
 def _unique(variables) -> list:
@@ -68,8 +69,8 @@ class Stage:
         nts = _unique(v for l in self.layers for v in l.non_trainable_variables)
         self.versioned_nt = [v for v in nts if tf.as_dtype(v.dtype).is_floating]
         self.sequential_nt = [v for v in nts if not tf.as_dtype(v.dtype).is_floating]
-        self.in_refs: tuple[Ref, ...] = program.cut(first - 1)
-        self.out_refs: tuple[Ref, ...] = program.cut(last)
+        self.in_refs: tuple[TensorRef, ...] = program.cut(first - 1)
+        self.out_refs: tuple[TensorRef, ...] = program.cut(last)
         # Which inputs need gradients: float tensors produced by an earlier stage.
         self._in_grad = [not r.is_model_input for r in self.in_refs]
         self._model = model
@@ -107,7 +108,7 @@ class Stage:
             tape.watch(fin)
             outputs, extra, deltas, new_s = self._forward_impl(tvals, vvals, svals, inputs)
             y_pred = self.program.pack_outputs(outputs)
-            closs = keras_shim.compile_loss(self._model)
+            closs = _keras_shim.compile_loss(self._model)
             loss = extra
             if closs is not None:
                 c = closs(y, y_pred, sample_weight)
@@ -124,11 +125,11 @@ class Stage:
             self.emulated_sleep_s += extra
 
     def _read_sequential(self):
-        return [tf.identity(keras_shim.variable_handle(v)) for v in self.sequential_nt]
+        return [tf.identity(_keras_shim.variable_handle(v)) for v in self.sequential_nt]
 
     def _write_sequential(self, new_s) -> None:
         for v, val in zip(self.sequential_nt, new_s):
-            keras_shim.variable_handle(v).assign(val)
+            _keras_shim.variable_handle(v).assign(val)
 
     def forward(self, tvals: Sequence, vvals: Sequence, inputs: Sequence):
         """Forward task of a non-last stage. Returns (outputs, extra_loss, nt_deltas, saved)."""

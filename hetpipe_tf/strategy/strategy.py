@@ -22,7 +22,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hetpipe_tf.strategy import keras_shim
+from hetpipe_tf import _keras_shim
 from hetpipe_tf.strategy.program import Program
 from hetpipe_tf.strategy.runtime import PipelineRuntime
 from hetpipe_tf.strategy.stage import Stage
@@ -198,7 +198,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             if self.n_m is None:
                 self.n_m = plan.n_m
             check_n_m(self.n_m, self.max_m, plan)
-        program = Program.from_model(model, order=[n for s in plan.stages for n in s.layer_names])
+        program = Program.from_model(model)
         check_plan(plan, program, model, batch_size)
         stages = [Stage(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
                         s.emulated_speed_factor, model) for s in plan.stages]
@@ -207,8 +207,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         @tf.function(reduce_retracing=True)
         def update_metrics(loss, y, y_pred, sample_weight):
             batch = tf.shape(keras.tree.flatten(y_pred)[0])[0]
-            keras_shim.loss_tracker(model).update_state(loss, sample_weight=batch)
-            cm = keras_shim.compile_metrics(model)
+            _keras_shim.loss_tracker(model).update_state(loss, sample_weight=batch)
+            cm = _keras_shim.compile_metrics(model)
             if cm is not None:
                 cm.update_state(y, y_pred, sample_weight)
             return original()

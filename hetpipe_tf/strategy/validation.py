@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 
+import keras
 import tensorflow as tf
 
-from hetpipe_tf.strategy import keras_shim
+from hetpipe_tf import _keras_shim
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def check_n_m(n_m, max_m, plan) -> None:
 
 def check_model(model, strategy) -> None:
     for name in _OVERRIDES:
-        if keras_shim.call_overridden(model, name):
+        if _keras_shim.call_overridden(model, name):
             raise ValueError(
                 f"HetPipeStrategy runs its own pipelined training step, so a model class that "
                 f"overrides {name}() cannot be trained by it (the override would be silently "
@@ -57,8 +58,17 @@ def check_model(model, strategy) -> None:
     if model.optimizer is None:
         raise ValueError("The model has no optimizer. Received: optimizer=None; call "
                          "model.compile(optimizer=...) inside strategy.scope().")
-    keras_shim.functional_graph(model)  # raises for subclassed models
-    for layer in keras_shim.all_layers(model):
+    if _keras_shim.functional_graph(model) is None:
+        if isinstance(model, keras.Sequential):
+            raise ValueError(
+                "The Sequential model is not built, so its layer graph is unknown. Received: "
+                f"model={model.name!r} without an input shape; start it with keras.Input(...) "
+                "or build it before fit.")
+        raise ValueError(
+            "HetPipeStrategy runs Sequential and Functional models (a subclassed model has no "
+            f"layer graph to cut into stages). Received: model of class {type(model).__name__}; "
+            "build the model with the Functional API or keras.Sequential.")
+    for layer in _keras_shim.all_layers(model):
         if getattr(layer, "stateful", False):
             raise ValueError(
                 "The pipeline runtime cannot place state carried across minibatches "
@@ -85,12 +95,34 @@ def check_batch(data) -> int:
 
 
 def check_plan(plan, program, model, batch_size: int) -> None:
-    if plan.num_layers != len(program.nodes):
+    """The plan's stages name the nodes of `program.graph`, in the graph's order."""
+    _check_plan_layers([n for s in plan.stages for n in s.layer_names], program.graph)
+    if plan.num_layers != len(program.graph):
         raise ValueError(
             f"The plan does not match the model. Received: plan for {plan.num_layers} layers, "
-            f"model {model.name!r} has {len(program.nodes)}; make a new plan for this model.")
+            f"model {model.name!r} has {len(program.graph)}; make a new plan for this model.")
     plan.check_matches(program.layer_names)
     if plan.batch_size and plan.batch_size != batch_size:
         logger.warning("The plan was made for batch size %d but the dataset's batch size is "
                        "%d: its predicted times and memory do not apply.", plan.batch_size,
                        batch_size)
+
+
+def _check_plan_layers(order, graph) -> None:
+    """The plan's layer names are the graph's node names, in a topological order."""
+    names = [node.name for node in graph.nodes]
+    if sorted(order) != sorted(names):
+        missing = sorted(set(names) - set(order))
+        extra = sorted(set(order) - set(names))
+        raise ValueError(
+            "The plan does not match the model: their layers differ. Received: plan "
+            f"layers missing from the model: {extra[:5]}, model layers missing from "
+            f"the plan: {missing[:5]}; make a new plan for this model.")
+    position = {name: p for p, name in enumerate(order)}
+    for p, name in enumerate(order):
+        if any(position[graph.nodes[r.node].name] > p
+               for r in graph.layer(name).inputs if not r.is_model_input):
+            raise ValueError(
+                "The plan's layer order is not a topological order of the model: "
+                f"layer {name!r} at position {p} reads a tensor produced later. Received: "
+                f"order={list(order)[:p + 1]}...; make a new plan.")

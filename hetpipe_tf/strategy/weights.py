@@ -19,7 +19,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from hetpipe_tf.strategy import keras_shim
+from hetpipe_tf import _keras_shim as keras_shim
 
 
 @dataclasses.dataclass(frozen=True)

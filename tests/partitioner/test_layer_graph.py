@@ -73,6 +73,16 @@ def test_graph_run_equals_model():
     np.testing.assert_allclose(LayerGraph.from_model(model).run([x])[0], model(x), rtol=1e-6)
 
 
+
+def test_training_replaces_a_recorded_value_as_functional_does():
+    x = keras.Input((1000,), name="x")
+    model = keras.Model(x, L.Dropout(0.5, name="drop")(x, training=False))
+    graph = LayerGraph.from_model(model)
+    ones = np.ones((1, 1000), "float32")
+    assert (np.asarray(model(ones, training=True)) == 0).any()  # Keras' own rule
+    assert (np.asarray(graph.run([ones], training=True)[0]) == 0).any()
+    np.testing.assert_array_equal(graph.run([ones])[0], ones)
+
 def test_sequential_graph():
     model = keras.Sequential([keras.Input((4,)), L.Dense(3, name="h"), L.ReLU(name="r"), L.Dense(2, name="o")])
     graph = LayerGraph.from_model(model)

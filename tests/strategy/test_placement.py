@@ -3,7 +3,8 @@
 import keras
 import tensorflow as tf
 
-from hetpipe_tf.strategy import HetPipeStrategy, StageSpec, keras_shim, manual_plan  # noqa: F401
+from hetpipe_tf import _keras_shim as keras_shim
+from hetpipe_tf.strategy import HetPipeStrategy, StageSpec, manual_plan
 from hetpipe_tf.strategy.program import Program
 from hetpipe_tf.strategy.stage import Stage
 from tests.strategy.helpers import DEVICES, regression_data, skip_model
@@ -39,8 +40,8 @@ def test_middle_stage_passes_input_gradients_for_skip_connections():
     assert prog.layer_names == ("d1", "d2", "d3", "add", "out")
     # Stage 1 = d2..d3: receives h1 (consumed by d2 and, past the stage, by add).
     stage = Stage(1, 3, prog, 1, 2, DEVICES[1], 1.0, model)
-    assert [r.producer for r in stage.in_refs] == [0]
-    assert [r.producer for r in stage.out_refs] == [0, 2]  # h1 passes through, plus h3
+    assert [r.node for r in stage.in_refs] == [0]
+    assert [r.node for r in stage.out_refs] == [0, 2]  # h1 passes through, plus h3
     h1 = tf.random.normal((4, 16))
     tvals = [tf.identity(keras_shim.variable_handle(v)) for v in stage.trainable]
     outputs, _, _, saved = stage.forward(tvals, [], [h1])

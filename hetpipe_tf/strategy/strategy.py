@@ -232,12 +232,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         return runtime
 
     def _make_plan(self, model, batch_size):
-        try:
-            from hetpipe_tf.strategy.planning import plan_with_partitioner
-        except ImportError as e:  # pragma: no cover - depends on the partitioner
-            raise ValueError(
-                "No plan was given and the planner is not available. Received: plan=None; "
-                "pass plan=... (hetpipe_tf.strategy.manual_plan) to HetPipeStrategy.") from e
+        from hetpipe_tf.strategy.planning import plan_with_partitioner
         return plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
                                      self.max_m)
 

@@ -1,0 +1,32 @@
+"""benchmarks/plan.py end to end."""
+
+from hetpipe_tf.partitioner.plan import Plan
+from tests.benchmarks.binaries import run_binary
+
+
+def test_plan_prints_table_and_writes_json(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = run_binary("benchmarks.plan", "--model=small_resnet", "--devices=TITAN_V,RTX_2060",
+                      "--batch_size=8", "--num_classes=10", f"--output_json={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "emulated" in proc.stdout                  # local devices are labelled as such
+    assert "bottleneck stage" in proc.stdout and "memory GiB used/avail" in proc.stdout
+    plan = Plan.load(str(out))
+    assert plan.model_name == "small_resnet" and plan.batch_size == 8
+    assert sorted(s.device_type for s in plan.stages) == ["RTX_2060", "TITAN_V"]
+    for s in plan.stages:
+        assert s.device in proc.stdout
+
+
+def test_plan_rejects_bad_flags_before_work():
+    proc = run_binary("benchmarks.plan", "--devices=TITAN_V,NO_SUCH_GPU")
+    assert proc.returncode != 0 and "--devices must name" in proc.stderr
+    assert "TITAN_V" in proc.stderr                   # lists the known types
+    proc = run_binary("benchmarks.plan", "--batch_size=0")
+    assert proc.returncode != 0 and "batch_size" in proc.stderr
+
+
+def test_plan_on_the_paper_cluster_reports_a_too_small_cluster():
+    proc = run_binary("benchmarks.plan", "--cluster=paper", "--model=mlp",
+                      "--devices=TITAN_V,TITAN_V,TITAN_V,TITAN_V,TITAN_V")
+    assert proc.returncode != 0 and "no (further) device of type TITAN_V" in proc.stderr

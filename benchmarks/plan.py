@@ -61,7 +61,8 @@ def _check_devices(value: list[str]) -> bool:
 
 def _virtual_worker(cluster_flag: str, type_names: list[str]):
     """(cluster, devices of the virtual worker) for the --cluster and --devices flags."""
-    from hetpipe_tf.cluster.spec import Cluster, configure_logical_devices, paper_cluster
+    from hetpipe_tf.cluster.local import configure_logical_devices
+    from hetpipe_tf.cluster.spec import Cluster, paper_cluster
     if cluster_flag == "local":
         cluster = Cluster.local(type_names, hosts=len(type_names))
         configure_logical_devices(len(cluster.devices))

@@ -11,7 +11,7 @@ frozen, JSON-serialisable value built one of four ways:
 - as an emulation on this machine (`Cluster.local`): every declared device is a logical
   CPU device "/device:CPU:i", optionally slowed by an emulated speed factor (in
   `hetpipe_tf.cluster.local`, with `configure_logical_devices` and
-  `relative_speed_factors`, both also importable from here);
+  `relative_speed_factors`);
 - the paper's testbed (`paper_cluster`).
 
 A host is one TF task (one process); devices on one host talk over the intra-host link
@@ -26,7 +26,7 @@ import math
 import numbers
 import os
 import re
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 from hetpipe_tf.cluster.catalog import (
     BUILTIN_TYPE_NAMES,
@@ -483,31 +483,3 @@ def paper_cluster() -> Cluster:
         hosts.append(Host(name=name, devices=devices, intra_bandwidth=PCIE3_X16_BANDWIDTH,
                           task=("worker", i)))
     return Cluster(hosts=tuple(hosts), inter_bandwidth=INFINIBAND_56G_BANDWIDTH)
-
-
-# ------------------------------------------------------------------ re-exports
-
-
-# Defined in hetpipe_tf.cluster.local, which imports this module; loaded on first access
-# (PEP 562) so that either module may be imported first without an import cycle.
-_LOCAL_REEXPORTS = ("configure_logical_devices", "relative_speed_factors")
-
-if TYPE_CHECKING:
-    from hetpipe_tf.cluster.local import (  # noqa: F401
-        configure_logical_devices,
-        relative_speed_factors,
-    )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LOCAL_REEXPORTS:
-        from hetpipe_tf.cluster import local
-
-        value = getattr(local, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LOCAL_REEXPORTS})

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from hetpipe_tf.cluster import spec
 from hetpipe_tf.cluster.local import (
     configure_logical_devices,
     local_cluster,
@@ -88,19 +87,12 @@ def test_classmethod_delegates_to_local_cluster():
     assert type(_MyCluster.local(types)) is _MyCluster  # a subclass builds the subclass
 
 
-def test_spec_reexports_the_local_helpers():
-    # Code written before the split imports these from hetpipe_tf.cluster.spec.
-    assert spec.configure_logical_devices is configure_logical_devices
-    assert spec.relative_speed_factors is relative_speed_factors
-    assert {"configure_logical_devices", "relative_speed_factors"} <= set(dir(spec))
-
-
 # -------------------------------------------------------- logical devices
 
 
 _CONFIGURE_SCRIPT = """
 import tensorflow as tf
-from hetpipe_tf.cluster.spec import configure_logical_devices
+from hetpipe_tf.cluster.local import configure_logical_devices
 assert configure_logical_devices(3) == ("/device:CPU:0", "/device:CPU:1", "/device:CPU:2")
 assert configure_logical_devices(2) == ("/device:CPU:0", "/device:CPU:1", "/device:CPU:2")
 assert len(tf.config.list_logical_devices("CPU")) == 3  # initialises TensorFlow

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetpipe_tf.cluster.spec import Cluster, Device, Host, configure_logical_devices
+from hetpipe_tf.cluster.local import configure_logical_devices
+from hetpipe_tf.cluster.spec import Cluster, Device, Host
 from hetpipe_tf.partitioner.comm import (
     DEFAULT_INTRA_SCALE,
     CommModel,
@@ -159,7 +160,7 @@ def test_comm_model_validation_and_json():
 
 _MEASURE_SCRIPT = """
 import json, sys
-from hetpipe_tf.cluster.spec import configure_logical_devices
+from hetpipe_tf.cluster.local import configure_logical_devices
 from hetpipe_tf.partitioner.comm import measure_transfer
 configure_logical_devices(2)
 print(json.dumps(measure_transfer("/device:CPU:0", "/device:CPU:1", %r, repeats=2)))

@@ -67,6 +67,7 @@ setup(
         "numpy>=1.26,<3",
         "scipy>=1.9,<2",  # scipy.optimize.milp
         "absl-py>=1.0,<3",
+        "matplotlib>=3.8,<4",  # hetpipe_tf.observe.draw_pipeline_png (PNG timelines)
     ],
     extras_require={
         "test": [

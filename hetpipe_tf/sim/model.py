@@ -1,0 +1,194 @@
+"""What the simulator simulates: virtual workers, their stages, their parameter shards.
+
+A `VirtualWorker` is the simulator's view of one planned virtual worker: per stage the
+forward and backward task durations, the device and host, the bytes of activations it
+sends downstream, and the parameter-server shards its parameters live in. Build it from a
+`Plan` with `from_plan`; every value is frozen.
+
+Forward/backward split of a stage's time (a decision; the Plan only has forward+backward):
+    forward  = compute_s / 3       + recv_forward_s
+    backward = 2 * compute_s / 3   + recv_backward_s
+(the backward computes gradients w.r.t. inputs and weights: twice the forward's FLOPs, the
+same 3x rule the profiler uses). The last stage runs both as one task (Section 4).
+
+`compute_scale` is an explicit, labelled contention parameter: every stage's compute time
+is multiplied by it. On dedicated GPUs it is 1. On this 2-core machine two logical CPU
+devices computing at once each run slower (docs/strategy.md "Measured": 2 concurrent
+copies of a step take ~1.4x the time of one), which a per-device cost model cannot know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Mapping, Sequence
+
+from hetpipe_tf.cluster.spec import Cluster
+from hetpipe_tf.partitioner.plan import Plan
+
+# stage index -> list of (parameter-server host, bytes of that stage's parameters it holds)
+PSMap = Mapping[int, Sequence[tuple[str, int]]]
+
+
+class ScheduleMode(enum.Enum):
+    HETPIPE = "hetpipe"  # Section 4 pipeline, N_m minibatches in flight, WSP across VWs
+    GPIPE = "gpipe"      # M micro-batches: all forwards, all backwards, one update
+
+
+@dataclasses.dataclass(frozen=True)
+class PSShard:
+    """`nbytes` of a stage's parameters held by the parameter server on `host`."""
+
+    host: str
+    nbytes: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"PSShard host must be a host name. Received: host={self.host!r}; "
+                             "pass the name of a Host of the cluster.")
+        if isinstance(self.nbytes, bool) or not isinstance(self.nbytes, int) or self.nbytes < 0:
+            raise ValueError(f"PSShard nbytes must be an int >= 0. Received: "
+                             f"nbytes={self.nbytes!r}; pass a byte count.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimStage:
+    """One pipeline stage as the simulator sees it (seconds per minibatch)."""
+
+    device: str
+    host: str
+    forward_s: float
+    backward_s: float
+    send_bytes: int = 0            # activations to the next stage (and gradients back)
+    shards: tuple[PSShard, ...] = ()
+
+    def __post_init__(self) -> None:
+        for f in ("forward_s", "backward_s"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"SimStage {f} must be a finite number >= 0. Received: "
+                                 f"{f}={v!r}; pass seconds.")
+        object.__setattr__(self, "shards", tuple(self.shards))
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(s.nbytes for s in self.shards)
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualWorker:
+    """Stages of one virtual worker in pipeline order, and its minibatch size."""
+
+    name: str
+    stages: tuple[SimStage, ...]
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple(self.stages))
+        if not self.stages:
+            raise ValueError(f"A virtual worker needs at least one stage. Received: "
+                             f"{self.name} with stages=(); plan it first.")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1. Received: batch_size={self.batch_size}.")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def forward_times(self) -> list[float]:
+        return [s.forward_s for s in self.stages]
+
+    @property
+    def backward_times(self) -> list[float]:
+        return [s.backward_s for s in self.stages]
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """How to run the simulation.
+
+    n_m: minibatches in flight per VW (Section 4; equal for all VWs).
+    clock_distance: D of WSP (Section 5); 0 is BSP-like.
+    num_waves: waves each VW runs (num_waves x n_m minibatches per VW).
+    intra_scale: fraction of the nominal PCIe bandwidth transfers reach (comm.py's constant).
+    mode: HETPIPE, or GPIPE (then n_m is the number of micro-batches M per minibatch).
+    """
+
+    n_m: int
+    clock_distance: int = 0
+    num_waves: int = 10
+    intra_scale: float = 0.7
+    mode: ScheduleMode = ScheduleMode.HETPIPE
+
+    def __post_init__(self) -> None:
+        for f in ("n_m", "num_waves"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"SimConfig {f} must be an int >= 1. Received: {f}={v!r}.")
+        d = self.clock_distance
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise ValueError(f"clock_distance must be an int >= 0. Received: "
+                             f"clock_distance={d!r}; use 0 for BSP-like WSP.")
+        if not 0 < self.intra_scale <= 1:
+            raise ValueError(f"intra_scale must be in (0, 1]. Received: "
+                             f"intra_scale={self.intra_scale!r}.")
+
+    @property
+    def num_minibatches(self) -> int:
+        return self.num_waves * self.n_m
+
+
+def stage_times(compute_s: float, recv_forward_s: float, recv_backward_s: float,
+                compute_scale: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) seconds of a stage: the 1/3 : 2/3 split of the module doc."""
+    c = compute_s * compute_scale
+    return c / 3 + recv_forward_s, 2 * c / 3 + recv_backward_s
+
+
+def default_ps_map(plan: Plan, param_bytes: Sequence[int], ps_host: str) -> dict[int, list[tuple[str, int]]]:
+    """Every stage's parameters on one parameter-server host."""
+    return {j: [(ps_host, int(param_bytes[j]))] for j in range(plan.num_stages)}
+
+
+def stage_param_bytes(plan: Plan, layer_param_bytes: Sequence[int]) -> list[int]:
+    """Trainable parameter bytes of each stage, from per-layer bytes (profile order)."""
+    if len(layer_param_bytes) != plan.num_layers:
+        raise ValueError(f"Need one byte count per layer. Received: {len(layer_param_bytes)} "
+                         f"for a plan of {plan.num_layers} layers.")
+    return [int(sum(layer_param_bytes[s.first:s.last + 1])) for s in plan.stages]
+
+
+def from_plan(plan: Plan, cluster: Cluster, *, name: str = "vw0",
+              param_bytes: Sequence[int] | None = None, ps: PSMap | None = None,
+              cut_bytes: Sequence[int] | None = None, compute_scale: float = 1.0,
+              ps_host: str | None = None) -> VirtualWorker:
+    """A `VirtualWorker` from a planner `Plan` on `cluster`.
+
+    param_bytes: trainable bytes per STAGE (see `stage_param_bytes`); ignored when `ps` is
+      given, which maps stage -> [(ps_host, bytes), ...] (the placement module's output).
+      Without either, stages push/pull nothing.
+    ps_host: the host of the single default parameter server (default: the first host).
+    cut_bytes: per LAYER cut (profile.cut_bytes), to count activation bytes moved.
+    compute_scale: the labelled contention factor of the module doc.
+    """
+    if compute_scale <= 0:
+        raise ValueError(f"compute_scale must be > 0. Received: compute_scale={compute_scale}.")
+    if ps is None and param_bytes is not None:
+        ps = default_ps_map(plan, param_bytes, ps_host or cluster.hosts[0].name)
+    host_names = {h.name for h in cluster.hosts}
+    stages = []
+    for s in plan.stages:
+        shards = tuple(PSShard(h, int(b)) for h, b in (ps or {}).get(s.index, ()))
+        for sh in shards:
+            if sh.host not in host_names:
+                raise ValueError(f"Unknown parameter-server host for stage {s.index}. "
+                                 f"Received: host={sh.host!r}; use one of {sorted(host_names)}.")
+        fwd, bwd = stage_times(s.compute_s, s.recv_forward_s, s.recv_backward_s, compute_scale)
+        send = 0
+        if cut_bytes is not None and s.index < plan.num_stages - 1:
+            send = int(cut_bytes[s.last])
+        stages.append(SimStage(device=s.device, host=cluster.device(s.device).host,
+                               forward_s=fwd, backward_s=bwd, send_bytes=send, shards=shards))
+    return VirtualWorker(name=name, stages=tuple(stages), batch_size=plan.batch_size)

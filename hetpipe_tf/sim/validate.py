@@ -1,0 +1,131 @@
+r"""Simulator against a real run on this machine (prints a table; asserts nothing).
+
+  python -m hetpipe_tf.sim.validate [--nm=1,2,4] [--steps=30] [--repeats=3]
+
+The pipeline benchmark's model (benchmarks/pipeline_benchmark.py: 24 x Dense(512) +
+Dense(10), batch 256) on ONE virtual worker of 2 logical CPU devices with one intra-op
+thread each, device 0 EMULATED at speed factor 0.5, partitioned by the planner (measured
+layer times). For each N_m: the measured throughput (best of --repeats epochs of --steps
+minibatches, each epoch starting and ending with an empty pipeline, as in the benchmark)
+against the simulator's prediction for the same --steps minibatches from empty:
+
+  sim(plan):       the plan's stage times, compute_scale = 1;
+  sim(plan x c):   compute_scale = c, the machine's MEASURED contention factor: the time
+                   of two concurrent copies of a training step / one (the benchmark's
+                   "machine ceiling"); on this 2-core VM two busy logical devices slow
+                   each other down, which the per-device cost model cannot know;
+  sim(trace):      the task durations measured in the run's own trace (median per stage
+                   and kind): checks the schedule model alone, free of cost-model error.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import dataclasses  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+
+_NM = flags.DEFINE_list("sim_nm", ["1", "2", "4"], "N_m values to compare.")
+_SIM_STEPS = flags.DEFINE_integer("sim_steps", 30, "Timed minibatches per epoch.")
+_SIM_REPEATS = flags.DEFINE_integer("sim_repeats", 3, "Timed epochs; the fastest counts.")
+
+
+def _measure(pb, keras, ds, plan, steps: int, repeats: int):
+    from hetpipe_tf.strategy import HetPipeStrategy
+    keras.utils.set_random_seed(0)
+    strategy = HetPipeStrategy(plan=plan)
+    with strategy.scope():
+        model = pb._build(keras, "pipelined")
+        model.compile(keras.optimizers.SGD(1e-3), "sparse_categorical_crossentropy")
+    try:
+        model.fit(ds, epochs=1, steps_per_epoch=5, verbose=0)
+        best, best_trace = 0.0, []
+        for _ in range(repeats):
+            rt = strategy.pipeline(model)
+            n0 = len(rt.trace)
+            start = time.perf_counter()
+            model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0)
+            rate = steps * plan.batch_size / (time.perf_counter() - start)
+            if rate > best:
+                best, best_trace = rate, list(rt.trace[n0:])
+        return best, best_trace
+    finally:
+        strategy.close()
+
+
+def _trace_times(trace, k: int) -> tuple[list[float], list[float]]:
+    from hetpipe_tf.strategy.schedule import TaskKind
+    by = {}
+    for e in trace:
+        by.setdefault((e.task.stage, e.task.kind), []).append(e.end - e.start)
+    fwd, bwd = [], []
+    for j in range(k):
+        if j == k - 1:
+            fb = statistics.median(by[(j, TaskKind.FORWARD_BACKWARD)])
+            fwd.append(fb / 3)
+            bwd.append(2 * fb / 3)
+        else:
+            fwd.append(statistics.median(by[(j, TaskKind.FORWARD)]))
+            bwd.append(statistics.median(by[(j, TaskKind.BACKWARD)]))
+    return fwd, bwd
+
+
+def main(argv: list[str]) -> None:
+    from absl import flags as _f
+    from benchmarks import pipeline_benchmark as pb
+    from hetpipe_tf.cluster.local import configure_logical_devices
+    configure_logical_devices(2)
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(4)
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.partitioner.planner import plan_model
+    from hetpipe_tf.sim.engine import simulate
+    from hetpipe_tf.sim.model import SimConfig, SimStage, VirtualWorker, from_plan
+
+    steps, repeats = _SIM_STEPS.value, _SIM_REPEATS.value
+    ds = pb._dataset(tf, np)
+    cluster = Cluster.local(["LOCAL_CPU", "LOCAL_CPU"], emulated_speed_factors=[0.5, 1.0])
+    ceiling = pb._machine_ceiling(tf, keras, [d.tf_device for d in cluster.devices])
+    nms = [int(v) for v in _NM.value]
+    plan = plan_model(pb._build(keras, "planned"), cluster, pb._BATCH_SIZE.value,
+                      n_m=max(nms)).plan
+    print(f"contention factor c (2 concurrent step copies / 1, measured now) = {ceiling:.2f}")
+    print(plan.table())
+    rows = [("N_m", "measured", "sim(plan)", "ratio", f"sim(plan x {ceiling:.2f})", "ratio",
+             "sim(trace)", "ratio")]
+    for n_m in nms:
+        p = dataclasses.replace(plan, n_m=n_m)
+        measured, trace = _measure(pb, keras, ds, p, steps, repeats)
+        waves = max(1, steps // n_m)
+        cfg = SimConfig(n_m=n_m, num_waves=waves)
+        preds = []
+        for scale in (1.0, ceiling):
+            vw = from_plan(p, cluster, compute_scale=scale)
+            preds.append(simulate([vw], cfg, cluster).samples_per_s)
+        fwd, bwd = _trace_times(trace, p.num_stages)
+        vw = VirtualWorker("trace", tuple(
+            dataclasses.replace(s, forward_s=f, backward_s=b)
+            for s, f, b in zip(from_plan(p, cluster).stages, fwd, bwd)), p.batch_size)
+        preds.append(simulate([vw], cfg, cluster).samples_per_s)
+        rows.append((str(n_m), f"{measured:.0f}", *(x for pr in preds
+                                                    for x in (f"{pr:.0f}", f"{pr / measured:.2f}"))))
+        print(f"  N_m={n_m}: trace task medians fwd={[round(x * 1e3, 1) for x in fwd]} ms "
+              f"bwd={[round(x * 1e3, 1) for x in bwd]} ms", flush=True)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print("\n| " + " | ".join(c.ljust(w) for c, w in zip(rows[0], widths)) + " |")
+    print("| " + " | ".join("-" * w for w in widths) + " |")
+    for r in rows[1:]:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    print("(samples/s; ratio = simulated / measured)")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,69 @@
+"""GPipe's bubble, the WSP clock rules, and the model's Plan conversion."""
+
+import pytest
+
+from hetpipe_tf.cluster.spec import Cluster, Device, Host, paper_cluster
+from hetpipe_tf.partitioner.plan import Plan, StagePlan
+from hetpipe_tf.sim import wsp
+from hetpipe_tf.sim.engine import simulate
+from hetpipe_tf.sim.gpipe import gpipe_events
+from hetpipe_tf.sim.model import ScheduleMode, SimConfig, SimStage, VirtualWorker, from_plan
+
+CLUSTER = paper_cluster()
+
+
+@pytest.mark.parametrize("k, m", [(2, 1), (2, 4), (4, 4), (4, 8), (3, 5)])
+def test_gpipe_bubble(k, m):
+    # Equal times: f per micro-batch forward, b backward on every stage. The forward phase
+    # takes (M + K - 1) f (a diagonal), the backward phase (M + K - 1) b; each stage is busy
+    # M (f + b): idle fraction = (K - 1) / (M + K - 1).
+    f, b = 1.0, 2.0
+    vw = VirtualWorker("g", tuple(SimStage(f"host0/gpu{j % 4}", "host0", f * m, b * m)
+                                  for j in range(k)), 32)
+    r = simulate([vw], SimConfig(n_m=m, num_waves=3, mode=ScheduleMode.GPIPE), CLUSTER)
+    assert r.makespan_s == pytest.approx(3 * (m + k - 1) * (f + b))
+    for u in r.vws[0].utilisation:
+        assert 1 - u == pytest.approx((k - 1) / (m + k - 1))
+    assert r.minibatches == 3 and r.samples == 3 * 32
+
+
+def test_gpipe_order_forward_all_then_backward_all():
+    ev = gpipe_events([1.0, 1.0], [2.0, 2.0], 3, 1)
+    on0 = [(e.task.kind.value, e.task.minibatch) for e in ev if e.task.stage == 0]
+    assert on0 == [("fwd", 1), ("fwd", 2), ("fwd", 3), ("bwd", 1), ("bwd", 2), ("bwd", 3)]
+
+
+def test_wsp_rules_figure3():
+    # Section 5, Figure 3: D = 0, N_m = 4 (s_local = 3): s_global = 6; minibatches 5-7 start
+    # on local weights, 8-11 need global wave 0 (minibatches 1-4), 12 needs wave 1.
+    assert wsp.s_global(4, 0) == 6
+    need = {p: wsp.required_global_wave(p, 4, 0) for p in range(1, 13)}
+    assert [p for p, r in need.items() if r is None] == list(range(1, 8))
+    assert [need[p] for p in range(8, 13)] == [0, 0, 0, 0, 1]
+    assert wsp.first_gated_minibatch(4, 0) == 8
+    # The clock rule: last minibatch of wave w needs wave w - D - 1.
+    for d in range(4):
+        for n_m in range(1, 5):
+            for w in range(d + 1, 8):
+                assert wsp.required_global_wave((w + 1) * n_m, n_m, d) == w - d - 1
+    assert wsp.pull_after_wave(3, 2) == 5
+
+
+def test_from_plan_splits_forward_and_backward():
+    host = Host("h", (Device("h/a", "TITAN_V", "h", "/device:GPU:0"),
+                      Device("h/b", "TITAN_V", "h", "/device:GPU:1")), 15.75e9)
+    cluster = Cluster((host, Host("ps", (), 15.75e9)), 7e9)
+    def st(i, dev, first, last, c, rf, rb):
+        return StagePlan(i, dev, "TITAN_V", f"/device:GPU:{i}", first, last,
+                         tuple(f"l{n}" for n in range(first, last + 1)), c, rf, rb, 1, 2, 1)
+    plan = Plan("m", 16, 2, 0, (st(0, "h/a", 0, 1, 0.3, 0.0, 0.02),
+                                st(1, "h/b", 2, 2, 0.6, 0.01, 0.0)), 3)
+    vw = from_plan(plan, cluster, param_bytes=[100, 200], ps_host="ps", cut_bytes=[5, 7],
+                   compute_scale=2.0)
+    assert vw.forward_times == pytest.approx([0.2, 0.41])
+    assert vw.backward_times == pytest.approx([0.42, 0.8])
+    assert [s.shards[0].host for s in vw.stages] == ["ps", "ps"]
+    assert [s.param_bytes for s in vw.stages] == [100, 200]
+    assert vw.stages[0].send_bytes == 7 and vw.batch_size == 16
+    with pytest.raises(ValueError, match="Unknown parameter-server host"):
+        from_plan(plan, cluster, ps={0: [("nowhere", 1)]})

@@ -1,0 +1,201 @@
+r"""The paper's experiments: run HetPipe on the devices at hand, or simulate a cluster.
+
+  python -m benchmarks.hetpipe_benchmark --mode=run --model=small_cnn
+  python -m benchmarks.hetpipe_benchmark --mode=simulate --model=vgg19 --cluster=paper \
+      --allocation=ED --placement=ed_local --staleness=0
+  python -m benchmarks.hetpipe_benchmark --mode=paper      # Table 4, Figure 5, scaling
+
+--mode=run trains for real on this machine (--cluster=local: one logical CPU device per
+--devices entry, EMULATED at --speed_factors) and prints images/sec, per-stage utilisation,
+waiting and idle time and bytes across hosts, beside a data-parallel all-reduce baseline
+(tf.distribute.MirroredStrategy over the same devices: the paper's Horovod column).
+--mode=simulate predicts the same figures for any cluster of the device catalog with the
+discrete-event simulator (hetpipe_tf.sim), beside the simulated all-reduce baseline.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import time  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+
+from hetpipe_tf import models  # noqa: E402
+from hetpipe_tf.cluster.allocation import AllocationPolicy  # noqa: E402
+
+_MODE = flags.DEFINE_enum("mode", "run", ["run", "simulate", "paper"], "What to do.")
+_MODEL = flags.DEFINE_enum("model", "small_cnn", models.MODEL_NAMES, "Model.")
+_CLUSTER = flags.DEFINE_string(
+    "cluster", "local", "'local' (this machine's CPU split into --devices logical devices, "
+    "one host each), 'paper' (the paper's 4 hosts x 4 GPUs), or a cluster JSON file.")
+_DEVICES = flags.DEFINE_list("devices", ["LOCAL_CPU", "LOCAL_CPU"],
+                             "Device types of --cluster=local, one per logical device.")
+_SPEED = flags.DEFINE_list("speed_factors", ["1.0", "0.5"], "EMULATED speed factor per "
+                           "device of --cluster=local (1.0 = real speed).")
+_ALLOCATION = flags.DEFINE_enum_class("allocation", "ED", AllocationPolicy,
+                                      "Virtual workers: NP, ED, HD or AUTO (Section 8.1).",
+                                      case_sensitive=False)
+_PLACEMENT = flags.DEFINE_enum("placement", "default", ["default", "ed_local"],
+                               "Parameter placement over the parameter servers.")
+_NM = flags.DEFINE_integer("nm", 0, "Minibatches in flight N_m; 0 = min over VWs of Max_m, "
+                           "capped at the stages per VW.", lower_bound=0)
+_STALENESS = flags.DEFINE_integer("staleness", 0, "Clock distance D (WSP).", lower_bound=0)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
+_INPUT_SIZE = flags.DEFINE_integer("input_size", 0, "Image side (features for mlp); 0 = the "
+                                   "model's default.", lower_bound=0)
+_NUM_CLASSES = flags.DEFINE_integer("num_classes", 10, "Output classes.", lower_bound=2)
+_STEPS = flags.DEFINE_integer("steps", 20, "Timed minibatches (run mode).", lower_bound=1)
+_WAVES = flags.DEFINE_integer("num_waves", 20, "Simulated waves (simulate mode).",
+                              lower_bound=1)
+_COMPUTE_SCALE = flags.DEFINE_float(
+    "compute_scale", 1.0, "Simulate mode: multiply every stage's compute time (a labelled "
+    "contention factor; 1 on dedicated GPUs).", lower_bound=0.01)
+_CACHE = flags.DEFINE_string("cache_dir", None, "Paper mode: where to cache model profiles.")
+
+
+@flags.validator("speed_factors", message="--speed_factors must be numbers in (0, 1].")
+def _check_speed(values: list[str]) -> bool:
+    try:
+        return all(0 < float(v) <= 1 for v in values)
+    except ValueError:
+        return False
+
+
+def _cluster():
+    from hetpipe_tf.cluster.spec import Cluster, paper_cluster
+    if _CLUSTER.value == "local":
+        if len(_SPEED.value) != len(_DEVICES.value):
+            raise app.UsageError(
+                "--speed_factors needs one factor per --devices entry. Received: "
+                f"{len(_SPEED.value)} factors for {len(_DEVICES.value)} devices.")
+        return Cluster.local(_DEVICES.value, hosts=len(_DEVICES.value),
+                             emulated_speed_factors=[float(v) for v in _SPEED.value])
+    if _CLUSTER.value == "paper":
+        return paper_cluster()
+    return Cluster.from_json(_CLUSTER.value)
+
+
+def _model():
+    return models.build_model(_MODEL.value, input_size=_INPUT_SIZE.value or None,
+                              num_classes=_NUM_CLASSES.value)
+
+
+def _dataset(tf, model):
+    """Random inputs and labels of the model's shapes (offline; throughput only)."""
+    shape = tuple(model.inputs[0].shape[1:])
+    n = _BATCH_SIZE.value * 4
+    x = tf.random.stateless_normal((n, *shape), seed=(1, 2))
+    y = tf.random.stateless_uniform((n,), seed=(3, 4), maxval=_NUM_CLASSES.value,
+                                    dtype=tf.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        _BATCH_SIZE.value, drop_remainder=True).repeat()
+
+
+def _timed_fit(model, ds) -> float:
+    model.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)        # warm-up: tracing
+    start = time.perf_counter()
+    model.fit(ds, epochs=1, steps_per_epoch=_STEPS.value, verbose=0)
+    return _STEPS.value * _BATCH_SIZE.value / (time.perf_counter() - start)
+
+
+def _bytes_across_hosts(plan, profile, cluster) -> int:
+    """Activation and gradient bytes one minibatch moves between hosts of a virtual worker."""
+    total = 0
+    for a, b in zip(plan.stages, plan.stages[1:]):
+        if not cluster.same_host(a.device, b.device):
+            total += 2 * profile.cut_bytes[a.last]   # activations forward, gradients back
+    return total
+
+
+def _run() -> None:
+    from hetpipe_tf.cluster.allocation import allocate
+    from hetpipe_tf.cluster.local import configure_logical_devices
+    cluster = _cluster()
+    if _CLUSTER.value != "local":
+        raise app.UsageError(
+            "--mode=run trains on the devices at hand, which here are logical CPU devices: "
+            f"use --cluster=local. Received: --cluster={_CLUSTER.value}; use --mode=simulate "
+            "for a cluster that is not at hand.")
+    vws = allocate(cluster, _ALLOCATION.value)
+    if len(vws) != 1:
+        raise app.UsageError(
+            "--mode=run trains one virtual worker: data parallelism between virtual workers "
+            "(parameter servers, WSP) is not built yet. Received: --allocation="
+            f"{_ALLOCATION.value.name} gives {len(vws)} virtual workers; use --allocation=ED "
+            "(one VW of every device) or --mode=simulate.")
+    configure_logical_devices(len(cluster.devices))
+    import keras
+    import tensorflow as tf
+
+    from hetpipe_tf import HetPipeStrategy
+    from hetpipe_tf.observe import stage_stats
+    from hetpipe_tf.partitioner.planner import plan_model
+
+    print(cluster.describe())
+    result = plan_model(_model(), cluster, _BATCH_SIZE.value, devices=vws[0],
+                        n_m=_NM.value or None)
+    plan = result.plan
+    print(plan.table())
+    strategy = HetPipeStrategy(cluster, plan=plan)
+    with strategy.scope():
+        model = _model()
+        model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+    ds = _dataset(tf, model)
+    try:
+        hetpipe = _timed_fit(model, ds)
+        trace = list(strategy.pipeline(model).trace)
+    finally:
+        strategy.close()
+    tf.get_logger().setLevel("ERROR")   # MirroredStrategy logs every reduction at INFO
+    mirrored = tf.distribute.MirroredStrategy([d.tf_device for d in vws[0]])
+    with mirrored.scope():
+        baseline = _model()
+        baseline.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+    allreduce = _timed_fit(baseline, ds)
+    print(f"\nHetPipe, 1 virtual worker, N_m={plan.n_m}: {hetpipe:8.1f} images/s")
+    print(f"all-reduce data parallelism (MirroredStrategy, {len(vws[0])} replicas, global "
+          f"batch {_BATCH_SIZE.value}): {allreduce:8.1f} images/s = "
+          f"{hetpipe / allreduce:.2f}x for HetPipe (the baseline runs every device at real "
+          "speed: emulated speed factors do not apply to it, which favours it)")
+    print(f"bytes across hosts per minibatch (activations + gradients): "
+          f"{_bytes_across_hosts(plan, result.profile, cluster)}; parameter traffic: 0 "
+          "(one virtual worker has no parameter server)")
+    print("stage  device                          utilisation  idle s  waiting s")
+    for (_, j), s in sorted(stage_stats(trace).items()):
+        print(f"{j:5}  {plan.stages[j].device:30}  {s.utilisation:11.2f}  {s.idle_s:6.2f}  "
+              f"{s.waiting_s:9.2f}")
+
+
+def _simulate() -> None:
+    from hetpipe_tf.partitioner.profile import profile_model
+    from hetpipe_tf.ps.placement import PlacementPolicy
+    from hetpipe_tf.sim.scenario import simulate_scenario
+    cluster = _cluster()
+    types = sorted({d.type_name for d in cluster.devices})
+    profile = profile_model(_model(), _BATCH_SIZE.value, types)
+    print(cluster.describe())
+    print(f"Simulated (layer times estimated from the device catalog; compute_scale="
+          f"{_COMPUTE_SCALE.value:g}).")
+    result = simulate_scenario(
+        profile, cluster, _ALLOCATION.value, PlacementPolicy.parse(_PLACEMENT.value),
+        n_m=_NM.value or None, clock_distance=_STALENESS.value, num_waves=_WAVES.value,
+        batch_size=_BATCH_SIZE.value, compute_scale=_COMPUTE_SCALE.value)
+    print(result.table())
+
+
+def _paper() -> None:
+    from hetpipe_tf.sim import paper
+    print(paper.main(cache_dir=_CACHE.value))
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    {"run": _run, "simulate": _simulate, "paper": _paper}[_MODE.value]()
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,26 @@
+"""benchmarks/hetpipe_benchmark.py end to end, tiny settings."""
+
+from tests.benchmarks.binaries import run_binary
+
+
+def test_run_mode_trains_and_reports():
+    proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=run", "--model=mlp", "--steps=3",
+                      "--batch_size=16")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for text in ("emulated", "images/s", "MirroredStrategy", "bytes across hosts",
+                 "utilisation"):
+        assert text in proc.stdout
+
+
+def test_run_mode_refuses_several_virtual_workers():
+    proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=run", "--model=mlp",
+                      "--allocation=NP")
+    assert proc.returncode != 0
+    assert "gives 2 virtual workers" in proc.stderr and "--mode=simulate" in proc.stderr
+
+
+def test_bad_flags():
+    proc = run_binary("benchmarks.hetpipe_benchmark", "--allocation=XX")
+    assert proc.returncode != 0 and "allocation" in proc.stderr
+    proc = run_binary("benchmarks.hetpipe_benchmark", "--speed_factors=2")
+    assert proc.returncode != 0 and "--speed_factors must be numbers" in proc.stderr

@@ -40,8 +40,9 @@ _ALLOCATION = flags.DEFINE_enum_class("allocation", "ED", AllocationPolicy,
                                       case_sensitive=False)
 _PLACEMENT = flags.DEFINE_enum("placement", "default", ["default", "ed_local"],
                                "Parameter placement over the parameter servers.")
-_NM = flags.DEFINE_integer("nm", 0, "Minibatches in flight N_m; 0 = min over VWs of Max_m, "
-                           "capped at the stages per VW.", lower_bound=0)
+_NM = flags.DEFINE_integer("nm", 0, "Minibatches in flight N_m; 0 = the default: run mode "
+                           "min(Max_m, stages), simulate mode the largest N_m every virtual "
+                           "worker fits (min over VWs of Max_m).", lower_bound=0)
 _STALENESS = flags.DEFINE_integer("staleness", 0, "Clock distance D (WSP).", lower_bound=0)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
 _INPUT_SIZE = flags.DEFINE_integer("input_size", 0, "Image side (features for mlp); 0 = the "

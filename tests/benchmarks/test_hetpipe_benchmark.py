@@ -24,3 +24,11 @@ def test_bad_flags():
     assert proc.returncode != 0 and "allocation" in proc.stderr
     proc = run_binary("benchmarks.hetpipe_benchmark", "--speed_factors=2")
     assert proc.returncode != 0 and "--speed_factors must be numbers" in proc.stderr
+
+
+def test_simulate_mode_on_the_paper_cluster():
+    proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=simulate", "--model=mlp",
+                      "--cluster=paper", "--allocation=ED", "--placement=ed_local",
+                      "--num_waves=2", "--nm=2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "TITAN_V" in proc.stdout and "Horovod" in proc.stdout

@@ -1,0 +1,98 @@
+"""simulate_scenario and the paper-reproduction helpers on a tiny synthetic profile."""
+
+import pytest
+
+from hetpipe_tf.cluster.spec import paper_cluster
+from hetpipe_tf.partitioner.profile import LayerCost, ModelProfile
+from hetpipe_tf.sim import paper
+from hetpipe_tf.sim.scenario import ScenarioResult, simulate_scenario, single_device_samples_per_s
+
+SPEED = {"TITAN_V": 1.0, "TITAN_RTX": 0.9, "RTX_2060": 2.3, "QUADRO_P4000": 2.8}
+MB = 1_000_000
+
+
+def tiny_profile(num_layers=8, batch_size=32):
+    layers = tuple(
+        LayerCost(name=f"l{i}", time_s={t: (2 + i % 3) * 1e-3 * s for t, s in SPEED.items()},
+                  flops=0, bytes_accessed=3 * ((1 + i % 4) * MB + 2 * MB),
+                  param_bytes=(1 + i % 4) * MB,
+                  trainable_param_bytes=(1 + i % 4) * MB, activation_bytes=MB)
+        for i in range(num_layers))
+    return ModelProfile(model_name="tiny", batch_size=batch_size, layers=layers,
+                        cut_bytes=(MB,) * (num_layers - 1),
+                        time_source={t: "estimated" for t in SPEED})
+
+
+def test_scenario_ed_local_runs_and_moves_no_parameters_across_hosts():
+    profile = tiny_profile()
+    r = simulate_scenario(profile, paper_cluster(), "ED", "ed_local", n_m=2, num_waves=3)
+    assert isinstance(r, ScenarioResult)
+    assert r.samples_per_s > 0
+    assert r.compositions == ("VRGQ",) * 4
+    assert r.distinct_plans == 1                      # identical VWs share one plan
+    assert r.sim.param_bytes_inter_host == 0          # ED-local: every PS is local
+    assert r.sim.param_bytes_intra_host > 0
+    assert r.horovod.samples_per_s > 0
+    assert len(r.utilisation) == 4 and all(len(u) == 4 for u in r.utilisation)
+    assert all(0 < u <= 1 for vw in r.utilisation for u in vw)
+    assert len(r.waiting_s) == 4 and len(r.idle_s[0]) == 4
+    # each VW's plan is on its own devices
+    for plan, vw in zip(r.plans, [tuple(h.devices[i] for h in paper_cluster().hosts)
+                                  for i in range(4)]):
+        assert set(plan.devices) == {d.name for d in vw}
+    assert "HetPipe" in r.table() and "Horovod" in r.table()
+
+    default = simulate_scenario(profile, paper_cluster(), "ED", "default", n_m=2, num_waves=3)
+    assert default.sim.param_bytes_inter_host > 0
+
+
+def test_scenario_on_one_host_moves_nothing_across_hosts_and_picks_max_n_m():
+    profile = tiny_profile()
+    cluster = paper.subcluster("V")
+    r = simulate_scenario(profile, cluster, "ED", "ed_local", num_virtual_workers=1,
+                          num_waves=2, limit=6)
+    assert r.n_m == 6                                  # largest that fits (capped by limit)
+    assert r.bytes_across_hosts_per_minibatch == 0
+    assert r.samples_per_s > 0
+
+
+def test_batch_size_rescales_the_profile():
+    r = simulate_scenario(tiny_profile(), paper.subcluster("V", 2), "NP", n_m=1, num_waves=2,
+                          batch_size=64)
+    assert r.plans[0].batch_size == 64
+
+
+def test_calibration_sets_one_titan_v_to_the_single_gpu_figure_exactly():
+    profile = tiny_profile()
+    calibrated, factor = paper.calibrate(profile, 159.0)
+    assert single_device_samples_per_s(calibrated, "TITAN_V") == pytest.approx(159.0, rel=1e-9)
+    # one factor for every type: relative speeds untouched
+    for a, b in zip(profile.layers, calibrated.layers):
+        for t in SPEED:
+            assert b.time_s[t] == pytest.approx(a.time_s[t] * factor)
+    # Through the whole scenario path (one VW of one TITAN V) the VW also pushes to and
+    # pulls from its parameter server after every wave, which a single GPU does not do.
+    r = simulate_scenario(calibrated, paper.subcluster("V", 1), "NP", n_m=1, num_waves=3)
+    assert 0.95 * 159.0 < r.samples_per_s <= 159.0
+
+
+def test_blocked_ed_plans_once_for_many_identical_vws():
+    cluster = paper.mixed_cluster(8)                  # 32 GPUs, hosts V R G Q V R G Q
+    vws = paper.blocked_ed(cluster)
+    assert len(vws) == 8 and all(len(vw) == 4 for vw in vws)
+    r = simulate_scenario(tiny_profile(), cluster, "ED", "default", n_m=2, num_waves=2,
+                          virtual_workers=vws)
+    assert r.distinct_plans == 1
+    assert len({p.devices for p in r.plans}) == 8
+
+
+def test_text_tables_run_on_a_stand_in_profile(monkeypatch):
+    monkeypatch.setattr(paper, "paper_profile",
+                        lambda m, cache_dir=None: paper.calibrate(tiny_profile(),
+                                                                  paper.SINGLE_GPU[m]))
+    t4 = paper.table4(models=("vgg19",), num_waves=2)
+    assert "Horovod" in t4 and "HetPipe" in t4 and "Calibration" in t4
+    f5 = paper.figure5(models=("resnet152",), num_waves=2, max_n_m=3)
+    assert "ED-local" in f5 and "ordering" in f5
+    sc = paper.scaling(gpus=(16,), num_waves=2)
+    assert "samples/s" in sc

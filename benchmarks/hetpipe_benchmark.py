@@ -54,6 +54,9 @@ _WAVES = flags.DEFINE_integer("num_waves", 20, "Simulated waves (simulate mode).
 _COMPUTE_SCALE = flags.DEFINE_float(
     "compute_scale", 1.0, "Simulate mode: multiply every stage's compute time (a labelled "
     "contention factor; 1 on dedicated GPUs).", lower_bound=0.01)
+_TRACE_DIR = flags.DEFINE_string(
+    "trace_dir", None, "Write the timeline here: <mode>_trace.json (Chrome trace: Perfetto "
+    "or chrome://tracing) and <mode>_pipeline.png (drawn like the paper's Figure 1).")
 _CACHE = flags.DEFINE_string("cache_dir", None, "Paper mode: where to cache model profiles.")
 
 
@@ -109,6 +112,17 @@ def _bytes_across_hosts(plan, profile, cluster) -> int:
         if not cluster.same_host(a.device, b.device):
             total += 2 * profile.cut_bytes[a.last]   # activations forward, gradients back
     return total
+
+
+def _write_timeline(events, plan, title: str) -> None:
+    if not _TRACE_DIR.value:
+        return
+    from hetpipe_tf.observe import draw_pipeline_png, write_chrome_trace
+    os.makedirs(_TRACE_DIR.value, exist_ok=True)
+    base = os.path.join(_TRACE_DIR.value, _MODE.value)
+    write_chrome_trace(events, base + "_trace.json", label=title, plan=plan)
+    draw_pipeline_png(events, base + "_pipeline.png", title=title, plan=plan)
+    print(f"timeline: {base}_trace.json, {base}_pipeline.png")
 
 
 def _run() -> None:
@@ -168,6 +182,7 @@ def _run() -> None:
     for (_, j), s in sorted(stage_stats(trace).items()):
         print(f"{j:5}  {plan.stages[j].device:30}  {s.utilisation:11.2f}  {s.idle_s:6.2f}  "
               f"{s.waiting_s:9.2f}")
+    _write_timeline(trace, plan, f"{_MODEL.value}, real run, N_m={plan.n_m}")
 
 
 def _simulate() -> None:
@@ -185,6 +200,8 @@ def _simulate() -> None:
         n_m=_NM.value or None, clock_distance=_STALENESS.value, num_waves=_WAVES.value,
         batch_size=_BATCH_SIZE.value, compute_scale=_COMPUTE_SCALE.value)
     print(result.table())
+    _write_timeline(result.sim.events, result.plans[0],
+                    f"{_MODEL.value}, simulated, N_m={result.n_m}, D={_STALENESS.value}")
 
 
 def _paper() -> None:

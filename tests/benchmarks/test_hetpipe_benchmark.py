@@ -1,5 +1,7 @@
 """benchmarks/hetpipe_benchmark.py end to end, tiny settings."""
 
+import json
+
 from tests.benchmarks.binaries import run_binary
 
 
@@ -26,9 +28,15 @@ def test_bad_flags():
     assert proc.returncode != 0 and "--speed_factors must be numbers" in proc.stderr
 
 
-def test_simulate_mode_on_the_paper_cluster():
+def test_simulate_mode_on_the_paper_cluster(tmp_path):
     proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=simulate", "--model=mlp",
                       "--cluster=paper", "--allocation=ED", "--placement=ed_local",
-                      "--num_waves=2", "--nm=2")
+                      "--num_waves=2", "--nm=2", f"--trace_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "TITAN_V" in proc.stdout and "Horovod" in proc.stdout
+    trace = json.loads((tmp_path / "simulate_trace.json").read_text())
+    tasks = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    # 4 virtual workers x 4 stages; 2 waves of N_m=2 minibatches; the last stage runs one
+    # task per minibatch, the others a forward and a backward.
+    assert len(tasks) == 4 * (3 * 2 + 1) * 4
+    assert (tmp_path / "simulate_pipeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -39,7 +39,7 @@ class SolverOptions:
     """Knobs of the solver; the defaults solve every order exactly."""
 
     max_enumerated_orders: int = 120   # more distinct orders -> assignment MILP
-    time_limit_s: float | None = None  # per MILP call; None = until optimal
+    time_limit_s: float | None = None  # budget of one search over all orders; None = optimal
     mip_rel_gap: float = 1e-6
     usable_fraction: float = 0.9       # share of device memory a stage may use
 
@@ -354,7 +354,16 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
                 best = _Best(g[0], tuple(g[1]), o)
         rank = [g[0] if g is not None else np.inf for g in guesses]
         orders = [orders[i] for i in np.argsort(rank, kind="stable")]
+    deadline = (time.perf_counter() + opts.time_limit_s if opts.time_limit_s is not None
+                else None)
+    solver = "milp per order"
     for order in orders:
+        if deadline is not None:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:   # out of budget: the best layout so far stands
+                solver += " (time limit reached, best layout found)"
+                break
+            opts = dataclasses.replace(opts, time_limit_s=remaining)
         # Only a strictly better layout is worth finding; the incumbent stands otherwise.
         upper = best.value * (1 - 1e-9) if (best and objective == "time") else np.inf
         found = _solve_order(cm, order, upper, opts, objective)
@@ -362,10 +371,10 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
             continue
         value, cuts = found
         if objective == "feasible":
-            return _Best(value, tuple(cuts), order), n_orders, "milp per order"
+            return _Best(value, tuple(cuts), order), n_orders, solver
         if best is None or value < best.value:
             best = _Best(value, tuple(cuts), order)
-    return best, n_orders, "milp per order"
+    return best, n_orders, solver
 
 
 def _to_plan(cm: CostModel, profile: Any, best: _Best, n_m: int, slots: int, solver: str,
@@ -400,6 +409,11 @@ def solve(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
                    comm=comm, usable_fraction=options.usable_fraction)
     best, n_orders, solver = _search(cm, devices, options)
+    if best is None and "time limit" in solver:
+        raise PartitionError(
+            "The MILP found no layout within its time budget (none may exist, or the search "
+            f"needed longer). Received: time_limit_s={options.time_limit_s}; raise it, or "
+            "pass None to search until optimal.")
     if best is None:
         from hetpipe_tf.partitioner.diagnose import infeasible_error
         raise infeasible_error(profile, devices, n_m, cluster=cluster, comm=comm,

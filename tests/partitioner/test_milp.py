@@ -156,3 +156,15 @@ def test_cut_windows_never_exclude_the_optimum():
         lo, hi = milp.cut_windows(cm, order, plan.predicted_stage_time_s)
         cuts = np.array([s.last for s in plan.stages[:-1]])
         assert np.all(lo <= cuts) and np.all(cuts <= hi)
+
+
+def test_time_budget_keeps_the_best_layout_found():
+    profile, devices, cluster = random_instance(9, 30, 4, memory_scale=100.0)
+    # A budget too small for every order: the heuristic incumbent (or better) comes back,
+    # marked, and it is a valid layout.
+    plan = milp.solve(profile, devices, 1, cluster=cluster,
+                      options=milp.SolverOptions(time_limit_s=1e-9))
+    assert "time limit reached" in plan.solver
+    exact = milp.solve(profile, devices, 1, cluster=cluster)
+    assert plan.predicted_stage_time_s >= exact.predicted_stage_time_s * (1 - 1e-9)
+    assert "time limit" not in exact.solver

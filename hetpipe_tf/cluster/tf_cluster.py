@@ -28,6 +28,13 @@ from hetpipe_tf.cluster.spec import (
 )
 
 
+def default_declarations(cluster_spec: Any) -> dict[TaskKey, list[str]]:
+    """Without declarations every "worker" task has one LOCAL_CPU device (its CPU:0): a
+    worker on a machine like this one."""
+    return {("worker", i): ["LOCAL_CPU"]
+            for i in _cluster_spec_as_dict(cluster_spec).get("worker", {})}
+
+
 def cluster_from_tf_cluster_spec(
     cluster_spec: Any,
     device_declarations: Mapping[TaskKey, Sequence[str]],
@@ -94,8 +101,7 @@ def cluster_from_tf_config(
     if declarations is None:
         declarations = section.get("devices")
     if declarations is None:
-        declarations = {("worker", i): ["LOCAL_CPU"]
-                        for i in _cluster_spec_as_dict(config["cluster"]).get("worker", {})}
+        declarations = default_declarations(config["cluster"])
     return cluster_cls.from_tf_cluster_spec(
         config["cluster"], declarations,
         inter_bandwidth=section.get("inter_bandwidth", INFINIBAND_56G_BANDWIDTH),

@@ -15,7 +15,10 @@ from typing import Any
 def resolve_cluster(cluster: Any):
     """A `hetpipe_tf.cluster.spec.Cluster` from a Cluster, dict, ClusterSpec/resolver or
     TF_CONFIG (cluster=None)."""
+    import tensorflow as tf
+
     from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.cluster.tf_cluster import default_declarations
 
     if isinstance(cluster, Cluster):
         return cluster
@@ -23,6 +26,11 @@ def resolve_cluster(cluster: Any):
         return Cluster.from_tf_config()
     if isinstance(cluster, dict) and "hosts" in cluster:
         return Cluster.from_dict(cluster)
+    if isinstance(cluster, (dict, tf.train.ClusterSpec,
+                            tf.distribute.cluster_resolver.ClusterResolver)):
+        # A TF cluster names tasks, not devices: each worker task gets LOCAL_CPU as with
+        # TF_CONFIG; declare devices with Cluster.from_tf_cluster_spec for anything else.
+        return Cluster.from_tf_cluster_spec(cluster, default_declarations(cluster))
     raise ValueError(
         "HetPipeStrategy cannot read the cluster's devices from this value. Received: "
         f"cluster={cluster!r}; pass a hetpipe_tf.cluster.spec.Cluster (e.g. Cluster.local or "

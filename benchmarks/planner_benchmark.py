@@ -50,7 +50,9 @@ def synthetic_profile(num_layers: int, types: tuple[str, ...], speeds: tuple[flo
         heavy = i % 3 == 0                          # a conv every third layer
         stage_of_net = 4 * i // num_layers          # deeper: fewer activations, more weights
         base = rng.uniform(2e-3, 6e-3) if heavy else rng.uniform(5e-5, 3e-4)
-        act = int(batch_size * 56 * 56 * 256 * 4 / 2 ** stage_of_net * rng.uniform(0.5, 1.0))
+        # Total activations stay those of a ~100-layer net, so every size fits a GPU.
+        act = int(batch_size * 56 * 56 * 256 * 4 / 2 ** stage_of_net * rng.uniform(0.5, 1.0)
+                  * min(1.0, 100 / num_layers))
         params = int(rng.uniform(1e5, 3e6) * 2 ** stage_of_net) if heavy else 0
         layers.append(LayerCost(name=f"layer{i}", time_s={t: base * s for t, s in
                                                           zip(types, speeds)},

@@ -119,6 +119,8 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
     res = milp(c, constraints=b.constraint(), integrality=integrality,
                bounds=Bounds(np.zeros(nv), upper), options=options)
     if res.x is None:
+        if res.status == _m._HIGHS_LIMIT:
+            raise _m.TimeLimitReached()
         return None
     x = np.round(res.x)
     cuts = [int(np.argmax(x[_m._cut_vars(j, n)])) for j in range(k - 1)]

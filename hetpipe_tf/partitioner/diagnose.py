@@ -6,6 +6,8 @@ cut (an MILP of its own), so "short by" is the least shortfall any partition ach
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Sequence
 
 from hetpipe_tf.partitioner.comm import CommModel
@@ -24,7 +26,9 @@ def format_bytes(n: float) -> str:
 
 def _least_overflow_layout(cm: CostModel, devices: Sequence[Any], options: Any):
     from hetpipe_tf.partitioner.milp import _search
-    best, _, _ = _search(cm, devices, options, objective="overflow")
+    # No time budget here: the diagnosis examines at most max_enumerated_orders orders.
+    untimed = dataclasses.replace(options, time_limit_s=None)
+    best, _, _ = _search(cm, devices, untimed, objective="overflow")
     return cm.evaluate(best.cuts, best.order), best.order
 
 
@@ -62,7 +66,7 @@ def infeasible_error(profile: Any, devices: Sequence[Any], n_m: int, *, cluster:
         f"{format_bytes(total_have)} usable")
     return PartitionError(
         f"No partition of {profile.model_name} (batch_size={profile.batch_size}) over "
-        f"{len(devices)} device(s) fits memory with N_m={n_m}. At the best order "
+        f"{len(devices)} device(s) fits memory with N_m={n_m}. At the best order found "
         f"({', '.join(d.name for d in order)}): " + "; ".join(short) +
         ". Received: devices=" + str([d.name for d in devices]) + f", n_m={n_m}. "
         "To fix: " + "; ".join(suggestions) + ".")

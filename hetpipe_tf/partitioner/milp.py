@@ -22,6 +22,7 @@ variables outside the windows are fixed to 0. Later orders need only beat the in
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Any, Iterator, Sequence
 
@@ -32,6 +33,13 @@ from scipy.sparse import coo_matrix
 from hetpipe_tf.partitioner.comm import CommModel
 from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
 from hetpipe_tf.partitioner.plan import PartitionError, Plan, StagePlan
+
+
+_HIGHS_LIMIT = 1  # scipy.optimize.milp status: iteration or time limit reached
+
+
+class TimeLimitReached(Exception):
+    """A MILP call ran out of its time budget before finding any layout."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +297,8 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
     res = milp(c, constraints=b.constraint(), integrality=integrality, bounds=bounds,
                options=options)
     if res.x is None:
+        if res.status == _HIGHS_LIMIT:
+            raise TimeLimitReached()
         return None
     x = np.round(res.x[:nb]).reshape(k - 1, n) if nb else np.zeros((0, n))
     cuts = [int(np.argmax(row)) for row in x]
@@ -336,16 +346,22 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
             return None, 1, "single stage"
         return _Best(value, (), tuple(devices)), 1, "single stage"
     n_orders = count_distinct_orders(devices)
-    if n_orders > opts.max_enumerated_orders and objective == "time":
+    many = n_orders > opts.max_enumerated_orders
+    if many and objective in ("time", "feasible"):
+        # Feasibility too: the assignment MILP's optimum exists iff some layout fits.
         from hetpipe_tf.partitioner import assignment
-        found = assignment.solve_assignment(cm, devices, opts)
+        solver = "milp (order chosen by assignment variables)"
+        try:
+            found = assignment.solve_assignment(cm, devices, opts)
+        except TimeLimitReached:
+            return None, n_orders, solver + " (time limit reached)"
         if found is None:
-            return None, n_orders, "milp (order chosen by assignment variables)"
+            return None, n_orders, solver
         value, cuts, order = found
-        return _Best(value, tuple(cuts), tuple(order)), n_orders, \
-            "milp (order chosen by assignment variables)"
+        return _Best(value, tuple(cuts), tuple(order)), n_orders, solver
     best: _Best | None = None
-    orders = list(distinct_orders(devices))
+    # The overflow diagnosis looks at no more orders than the solver would enumerate.
+    orders = list(itertools.islice(distinct_orders(devices), max(opts.max_enumerated_orders, 1)))
     if objective == "time":
         # Heuristic partitions bound T from the start; the most promising orders go first.
         guesses = [heuristic_partition(cm, o) for o in orders]
@@ -366,7 +382,11 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
             opts = dataclasses.replace(opts, time_limit_s=remaining)
         # Only a strictly better layout is worth finding; the incumbent stands otherwise.
         upper = best.value * (1 - 1e-9) if (best and objective == "time") else np.inf
-        found = _solve_order(cm, order, upper, opts, objective)
+        try:
+            found = _solve_order(cm, order, upper, opts, objective)
+        except TimeLimitReached:
+            solver += " (time limit reached, best layout found)"
+            break
         if found is None:
             continue
         value, cuts = found

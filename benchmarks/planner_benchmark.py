@@ -124,7 +124,7 @@ def _scaling() -> None:
                     time.perf_counter() - start >= _TIME_LIMIT.value else ""
                 how = "A" if "assignment" in plan.solver else ""
             except ValueError as e:                  # does not fit: report, keep going
-                mark, how = "!", ""
+                mark, how = ("*" if "time budget" in str(e) else "!"), ""
                 print(f"  {num_layers} layers, {k} stages: {str(e)[:120]}")
             cells.append(f"{time.perf_counter() - start:>10.2f}{how:1}{mark:1}")
         print(f"{num_layers:>6} " + " ".join(cells))

@@ -22,15 +22,16 @@ from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
 from hetpipe_tf.partitioner import milp as _m
 
 
-def _heuristic_bound(cm: CostModel, devices: Sequence[Any]) -> float | None:
-    """Best heuristic layout over a few natural orders (as given, by memory, by speed)."""
+def heuristic_layout(cm: CostModel, devices: Sequence[Any]
+                     ) -> tuple[float, list[int], list[Any]] | None:
+    """Best greedy layout over a few natural orders (as given, by memory, by speed)."""
     total = {d.name: float(cm.prefix_time(d)[-1]) for d in devices}
     orders = [list(devices),
               sorted(devices, key=lambda d: -cm.capacity[d.name]),
               sorted(devices, key=lambda d: total[d.name])]
-    found = [_m.heuristic_partition(cm, o) for o in orders]
-    values = [f[0] for f in found if f is not None]
-    return min(values) if values else None
+    found = [(f[0], f[1], o) for o in orders
+             if (f := _m.heuristic_partition(cm, o)) is not None]
+    return min(found, key=lambda f: f[0]) if found else None
 
 
 def _classes(devices: Sequence[Any]) -> list[list[Any]]:
@@ -103,7 +104,8 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
     integrality[:rin0] = 1
     upper = np.r_[np.ones(rin0), np.full(2 * k + 1, np.inf)]
     # A heuristic layout bounds T; the bound confines every cut to a window (see milp).
-    bound = _heuristic_bound(cm, devices)
+    guess = heuristic_layout(cm, devices)
+    bound = guess[0] if guess is not None else None
     if bound is not None:
         upper[t_var] = bound / t_scale
     windows = _m.cut_windows(cm, None, bound if bound is not None else np.inf)

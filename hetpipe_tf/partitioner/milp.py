@@ -354,7 +354,9 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
         try:
             found = assignment.solve_assignment(cm, devices, opts)
         except TimeLimitReached:
-            return None, n_orders, solver + " (time limit reached)"
+            # No MILP layout in time: the greedy layout that bounded the search stands.
+            found = assignment.heuristic_layout(cm, devices)
+            solver += " (time limit reached, greedy layout)"
         if found is None:
             return None, n_orders, solver
         value, cuts, order = found

@@ -168,3 +168,11 @@ def test_time_budget_keeps_the_best_layout_found():
     exact = milp.solve(profile, devices, 1, cluster=cluster)
     assert plan.predicted_stage_time_s >= exact.predicted_stage_time_s * (1 - 1e-9)
     assert "time limit" not in exact.solver
+
+
+def test_assignment_out_of_time_returns_the_greedy_layout():
+    profile, devices, cluster = random_instance(9, 30, 4, memory_scale=100.0)
+    options = milp.SolverOptions(max_enumerated_orders=0, time_limit_s=1e-9)
+    plan = milp.solve(profile, devices, 1, cluster=cluster, options=options)
+    assert "time limit reached, greedy layout" in plan.solver
+    assert all(s.memory_bytes <= s.memory_available for s in plan.stages)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.optimize import Bounds, milp
+from scipy.optimize import Bounds
 
 from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
 from hetpipe_tf.partitioner import milp as _m
@@ -34,22 +34,13 @@ def heuristic_layout(cm: CostModel, devices: Sequence[Any]
     return min(found, key=lambda f: f[0]) if found else None
 
 
-def _classes(devices: Sequence[Any]) -> list[list[Any]]:
-    """Interchangeable devices (same type, host, speed and memory) grouped, in first-seen order."""
-    groups: dict[tuple, list[Any]] = {}
-    for d in devices:
-        groups.setdefault((d.type_name, d.host, d.emulated_speed_factor, d.memory_bytes),
-                          []).append(d)
-    return list(groups.values())
-
-
 def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOptions"
                      ) -> tuple[float, list[int], list[Any]] | None:
     """(best time, cuts, device order) over all orders and cuts, or None if nothing fits."""
     k, L = len(devices), cm.num_layers
     n = L - 1
     nb = (k - 1) * n
-    classes = _classes(devices)
+    classes = _m.device_classes(devices)
     g_count = len(classes)
     a0 = nb                          # a[j, g] at a0 + j * G + g: position j uses class g
     rin0 = a0 + k * g_count          # r_in[j], r_out[j]
@@ -111,20 +102,11 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
     windows = _m.cut_windows(cm, None, bound if bound is not None else np.inf)
     if windows is None:
         return None
-    for j, (lo, hi) in enumerate(zip(*windows)):
-        row = upper[j * n:(j + 1) * n]
-        row[:lo] = 0
-        row[hi + 1:] = 0
-    options: dict[str, Any] = {"mip_rel_gap": opts.mip_rel_gap}
-    if opts.time_limit_s is not None:
-        options["time_limit"] = opts.time_limit_s
-    res = milp(c, constraints=b.constraint(), integrality=integrality,
-               bounds=Bounds(np.zeros(nv), upper), options=options)
-    if res.x is None:
-        if res.status == _m._HIGHS_LIMIT:
-            raise _m.TimeLimitReached()
+    _m._fix_outside_windows(upper, windows, n)
+    solution = _m._run_milp(c, b, integrality, Bounds(np.zeros(nv), upper), opts)
+    if solution is None:
         return None
-    x = np.round(res.x)
+    x = np.round(solution)
     cuts = [int(np.argmax(x[_m._cut_vars(j, n)])) for j in range(k - 1)]
     taken = [0] * g_count
     order = []

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from typing import Any, Iterator, Sequence
 
@@ -52,13 +53,19 @@ class SolverOptions:
     usable_fraction: float = 0.9       # share of device memory a stage may use
 
 
-def distinct_orders(devices: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
-    """Every order of `devices` up to swapping interchangeable ones, in a stable order."""
-    classes: dict[tuple, list[Any]] = {}
+def device_classes(devices: Sequence[Any]) -> list[list[Any]]:
+    """Interchangeable devices grouped, in first-seen order: same type, host (PCIe or
+    network to the neighbours), emulated speed and memory."""
+    groups: dict[tuple, list[Any]] = {}
     for d in devices:
         key = (d.type_name, d.host, d.emulated_speed_factor, d.memory_bytes)
-        classes.setdefault(key, []).append(d)
-    groups = list(classes.values())
+        groups.setdefault(key, []).append(d)
+    return list(groups.values())
+
+
+def distinct_orders(devices: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
+    """Every order of `devices` up to swapping interchangeable ones, in a stable order."""
+    groups = device_classes(devices)
     counts = [len(g) for g in groups]
 
     def rec(prefix: list[int]) -> Iterator[list[int]]:
@@ -81,14 +88,10 @@ def distinct_orders(devices: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
 
 
 def count_distinct_orders(devices: Sequence[Any]) -> int:
-    from math import factorial
-    counts: dict[tuple, int] = {}
-    for d in devices:
-        key = (d.type_name, d.host, d.emulated_speed_factor, d.memory_bytes)
-        counts[key] = counts.get(key, 0) + 1
-    n = factorial(len(devices))
-    for c in counts.values():
-        n //= factorial(c)
+    """The multinomial len(devices)! / prod(class size!)."""
+    n = math.factorial(len(devices))
+    for group in device_classes(devices):
+        n //= math.factorial(len(group))
     return n
 
 
@@ -238,6 +241,29 @@ def heuristic_partition(cm: CostModel, order: Sequence[Any]) -> tuple[float, lis
     return max(c.time_s for c in costs), cuts
 
 
+def _fix_outside_windows(upper: np.ndarray, windows: tuple[np.ndarray, np.ndarray],
+                         num_cuts: int) -> None:
+    """Fix to 0 (upper bound 0) every cut variable outside its boundary's window."""
+    for j, (lo, hi) in enumerate(zip(*windows)):
+        row = upper[j * num_cuts:(j + 1) * num_cuts]
+        row[:lo] = 0
+        row[hi + 1:] = 0
+
+
+def _run_milp(c: np.ndarray, rows: _Builder, integrality: np.ndarray, bounds: Bounds,
+              opts: SolverOptions) -> np.ndarray | None:
+    """scipy.optimize.milp with the options' gap and budget; None when infeasible, and
+    TimeLimitReached when the budget ran out before any solution."""
+    options: dict[str, Any] = {"mip_rel_gap": opts.mip_rel_gap}
+    if opts.time_limit_s is not None:
+        options["time_limit"] = opts.time_limit_s
+    res = milp(c, constraints=rows.constraint(), integrality=integrality, bounds=bounds,
+               options=options)
+    if res.x is None and res.status == _HIGHS_LIMIT:
+        raise TimeLimitReached()
+    return res.x
+
+
 def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: SolverOptions,
                  objective: str = "time") -> tuple[float, list[int]] | None:
     """Best cuts for one device order, or None when infeasible (or not better than `upper`).
@@ -285,24 +311,14 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
         windows = cut_windows(cm, order, upper if objective == "time" else np.inf)
         if windows is None:
             return None
-        for j, (lo, hi) in enumerate(zip(*windows)):
-            row = b_upper[j * n:(j + 1) * n]
-            row[:lo] = 0
-            row[hi + 1:] = 0
+        _fix_outside_windows(b_upper, windows, n)
     bounds = Bounds(np.r_[np.zeros(nb), t_lower], np.r_[b_upper, t_upper])
-    integrality = np.r_[np.ones(nb), 0]
-    options: dict[str, Any] = {"mip_rel_gap": opts.mip_rel_gap}
-    if opts.time_limit_s is not None:
-        options["time_limit"] = opts.time_limit_s
-    res = milp(c, constraints=b.constraint(), integrality=integrality, bounds=bounds,
-               options=options)
-    if res.x is None:
-        if res.status == _HIGHS_LIMIT:
-            raise TimeLimitReached()
+    solution = _run_milp(c, b, np.r_[np.ones(nb), 0], bounds, opts)
+    if solution is None:
         return None
-    x = np.round(res.x[:nb]).reshape(k - 1, n) if nb else np.zeros((0, n))
+    x = np.round(solution[:nb]).reshape(k - 1, n) if nb else np.zeros((0, n))
     cuts = [int(np.argmax(row)) for row in x]
-    value = float(res.x[t_var]) * (t_scale if objective == "time" else 1.0)
+    value = float(solution[t_var]) * (t_scale if objective == "time" else 1.0)
     return value, cuts
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from hetpipe_tf.partitioner.cost import held_minibatches
 from hetpipe_tf.partitioner.layer_graph import LayerGraph
 from hetpipe_tf.partitioner.plan import Plan, StagePlan
 
@@ -46,7 +47,7 @@ def manual_plan(model, stages: Sequence[StageSpec | tuple], n_m: int, batch_size
             index=j, device=s.name or s.tf_device, device_type="MANUAL", tf_device=s.tf_device,
             first=first, last=last, layer_names=tuple(names[first:last + 1]), compute_s=0.0,
             recv_forward_s=0.0, recv_backward_s=0.0, memory_bytes=0, memory_available=1,
-            minibatches_held=max(1, n_m - j) if j < len(specs) - 1 else 1,
+            minibatches_held=held_minibatches(j, len(specs), n_m),
             emulated_speed_factor=s.emulated_speed_factor))
         first = last + 1
     return Plan(model_name=model.name, batch_size=batch_size, n_m=n_m,

@@ -27,7 +27,7 @@ import heapq
 from typing import Sequence
 
 from hetpipe_tf.cluster.spec import Cluster
-from hetpipe_tf.sim import wsp
+from hetpipe_tf.ps import wsp
 from hetpipe_tf.sim.links import LinkPool, Transfer
 from hetpipe_tf.sim.model import ScheduleMode, SimConfig, VirtualWorker
 from hetpipe_tf.sim.result import SimResult, summarise

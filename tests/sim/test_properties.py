@@ -3,7 +3,7 @@
 from hypothesis import given, settings, strategies as st
 
 from hetpipe_tf.cluster.spec import paper_cluster
-from hetpipe_tf.sim import wsp
+from hetpipe_tf.ps import wsp
 from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.sim.model import PSShard, SimConfig, SimStage, VirtualWorker
 from hetpipe_tf.strategy.schedule import TaskKind, check_trace, per_stage_order

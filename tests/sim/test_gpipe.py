@@ -1,10 +1,9 @@
-"""GPipe's bubble, the WSP clock rules, and the model's Plan conversion."""
+"""GPipe's bubble and the model's Plan conversion."""
 
 import pytest
 
 from hetpipe_tf.cluster.spec import Cluster, Device, Host, paper_cluster
 from hetpipe_tf.partitioner.plan import Plan, StagePlan
-from hetpipe_tf.sim import wsp
 from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.sim.gpipe import gpipe_events
 from hetpipe_tf.sim.model import ScheduleMode, SimConfig, SimStage, VirtualWorker, from_plan
@@ -31,22 +30,6 @@ def test_gpipe_order_forward_all_then_backward_all():
     ev = gpipe_events([1.0, 1.0], [2.0, 2.0], 3, 1)
     on0 = [(e.task.kind.value, e.task.minibatch) for e in ev if e.task.stage == 0]
     assert on0 == [("fwd", 1), ("fwd", 2), ("fwd", 3), ("bwd", 1), ("bwd", 2), ("bwd", 3)]
-
-
-def test_wsp_rules_figure3():
-    # Section 5, Figure 3: D = 0, N_m = 4 (s_local = 3): s_global = 6; minibatches 5-7 start
-    # on local weights, 8-11 need global wave 0 (minibatches 1-4), 12 needs wave 1.
-    assert wsp.s_global(4, 0) == 6
-    need = {p: wsp.required_global_wave(p, 4, 0) for p in range(1, 13)}
-    assert [p for p, r in need.items() if r is None] == list(range(1, 8))
-    assert [need[p] for p in range(8, 13)] == [0, 0, 0, 0, 1]
-    assert wsp.first_gated_minibatch(4, 0) == 8
-    # The clock rule: last minibatch of wave w needs wave w - D - 1.
-    for d in range(4):
-        for n_m in range(1, 5):
-            for w in range(d + 1, 8):
-                assert wsp.required_global_wave((w + 1) * n_m, n_m, d) == w - d - 1
-    assert wsp.pull_after_wave(3, 2) == 5
 
 
 def test_from_plan_splits_forward_and_backward():

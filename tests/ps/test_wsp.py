@@ -1,0 +1,19 @@
+"""Pure WSP clock rules (paper Section 5, Figure 3)."""
+
+from hetpipe_tf.ps import wsp
+
+
+def test_wsp_rules_figure3():
+    # Section 5, Figure 3: D = 0, N_m = 4 (s_local = 3): s_global = 6; minibatches 5-7 start
+    # on local weights, 8-11 need global wave 0 (minibatches 1-4), 12 needs wave 1.
+    assert wsp.s_global(4, 0) == 6
+    need = {p: wsp.required_global_wave(p, 4, 0) for p in range(1, 13)}
+    assert [p for p, r in need.items() if r is None] == list(range(1, 8))
+    assert [need[p] for p in range(8, 13)] == [0, 0, 0, 0, 1]
+    assert wsp.first_gated_minibatch(4, 0) == 8
+    # The clock rule: last minibatch of wave w needs wave w - D - 1.
+    for d in range(4):
+        for n_m in range(1, 5):
+            for w in range(d + 1, 8):
+                assert wsp.required_global_wave((w + 1) * n_m, n_m, d) == w - d - 1
+    assert wsp.pull_after_wave(3, 2) == 5

@@ -238,3 +238,21 @@ def bytes_across_hosts_per_wave(placement: Placement, plans: Sequence[Plan], pro
     """Push + pull bytes that cross a node boundary when every VW finishes one wave."""
     return sum(2 * t.bytes for vw in traffic(placement, plans, profile, cluster)
                for stage in vw for t in stage if t.crosses_host)
+
+
+def ps_device(cluster: Cluster, host_name: str) -> str:
+    """The TensorFlow device of the parameter server on `host_name`.
+
+    A host that is a TF task ("ps", 0) serves from '/job:ps/replica:0/task:0/device:CPU:0'
+    (a `tf.distribute.Server`); a local emulated host serves from its first logical CPU
+    device (this machine's memory stands in for the host's); any other host from the
+    local CPU.
+    """
+    host = cluster.host(host_name)
+    if host.task is not None:
+        job, index = host.task
+        return f"/job:{job}/replica:0/task:{index}/device:CPU:0"
+    for d in host.devices:
+        if "CPU" in d.tf_device.upper():
+            return d.tf_device
+    return "/device:CPU:0"

@@ -60,3 +60,22 @@ def first_gated_minibatch(n_m: int, clock_distance: int) -> int:
 def pull_after_wave(required_wave: int, clock_distance: int) -> int:
     """The wave after whose push the VW pulls the weights including `required_wave`."""
     return required_wave + clock_distance
+
+
+def wave_completed_by(i: int, n_m: int) -> int | None:
+    """The wave that the i-th minibatch of a run (1-based) completes, or None when it is
+    not the last minibatch of its wave."""
+    _check("i", i, 1)
+    _check("n_m", n_m, 1)
+    return (i - 1) // n_m if i % n_m == 0 else None
+
+
+def wave_pulled_after_push(pushed_wave: int, clock_distance: int) -> int | None:
+    """After pushing wave c, the VW pulls weights that include every VW's wave c - D (the
+    inverse of `pull_after_wave`), or None while c < D (nothing needs a global wave yet).
+    The version of the minibatch after the wave's last plus N_m needs exactly that wave:
+    required_global_wave((c+1)N_m + N_m) = c - D."""
+    _check("pushed_wave", pushed_wave, 0)
+    _check("clock_distance", clock_distance, 0)
+    r = pushed_wave - clock_distance
+    return r if r >= 0 else None

@@ -53,3 +53,23 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
         result = plan_model(model, cl, batch_size, n_m=max_m, optimizer=model.optimizer,
                             profile=result.profile)
     return result.plan
+
+
+def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_vws,
+                         n_m: int | None, max_m: int | None) -> tuple:
+    """Form virtual workers by `allocation` (hetpipe_tf.cluster.allocation) and plan each
+    with one N_m = min over VWs of Max_m (or `n_m`), profiling the model once."""
+    from hetpipe_tf.cluster.allocation import allocate
+    from hetpipe_tf.partitioner.milp import plan_virtual_workers as plan_all
+    from hetpipe_tf.partitioner.planner import plan_model
+
+    cl = resolve_cluster(cluster)
+    vws = allocate(cl, allocation, num_virtual_workers=num_vws)
+    first = plan_model(model, cl, batch_size, devices=vws[0], n_m=n_m,
+                       optimizer=model.optimizer)
+    plans = plan_all(first.profile, vws, cluster=cl, n_m=n_m,
+                     optimizer_slots=first.plan.optimizer_slots)
+    if max_m is not None and plans[0].n_m > max_m:
+        plans = plan_all(first.profile, vws, cluster=cl, n_m=max_m,
+                         optimizer_slots=first.plan.optimizer_slots)
+    return plans

@@ -9,6 +9,11 @@ the loss and compiled metrics, in minibatch order. When stage 0 finishes p's bac
 complete: its update is applied to w_local and the version of p + N_m is taken (no drain
 between waves). `drain` waits until every submitted minibatch completed; the next `submit`
 then starts a new run whose first N_m minibatches use the drained weights.
+
+With `update_thread=True` (several virtual workers under WSP) a minibatch whose stage-0
+backward finished is handed to an updater thread that applies the updates in order, so
+that stage 0 keeps computing while the updater waits for global weights (Section 5: the
+VW "may start s_local minibatches of the next wave while it waits").
 """
 
 from __future__ import annotations
@@ -54,11 +59,16 @@ class TraceEvent:
 
 class PipelineRuntime:
     def __init__(self, stages: Sequence[Stage], optimizer, n_m: int,
-                 update_metrics: Callable[[Any, Any, Any, Any], dict], trace: bool = True):
+                 update_metrics: Callable[[Any, Any, Any, Any], dict], trace: bool = True,
+                 local=None, after_apply: Callable[[int], None] | None = None,
+                 update_thread: bool = False, metrics_lock: threading.Lock | None = None):
         self.stages = list(stages)
         self.n_m = n_m
-        self.versions = WeightVersions(self.stages, optimizer, n_m)
+        self.versions = WeightVersions(self.stages, optimizer, n_m, local=local,
+                                       after_apply=after_apply)
         self._update_metrics = update_metrics
+        # Several virtual workers update the model's shared metrics: one at a time.
+        self._metrics_lock = metrics_lock or threading.Lock()
         self._queues = [queue.Queue() for _ in self.stages]
         self._cond = threading.Condition()
         self.submitted = 0
@@ -67,14 +77,24 @@ class PipelineRuntime:
         self._run_open = False
         self._error: BaseException | None = None
         self.logs: dict | None = None
+        self.logs_time = 0.0
         self.trace_enabled = trace
         self.trace: list[TraceEvent] = []
         self.completions: list[int] = []
         self._threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
                                           name=f"hetpipe-stage-{j}")
                          for j in range(len(self.stages))]
+        self._updates: queue.Queue | None = None
+        if update_thread:
+            self._updates = queue.Queue()
+            self._threads.append(threading.Thread(target=self._updater, daemon=True,
+                                                  name="hetpipe-updater"))
         for t in self._threads:
             t.start()
+
+    @property
+    def thread_ids(self) -> set[int]:
+        return {t.ident for t in self._threads}
 
     # --- called by the Keras step / the strategy ----------------------------------------
     def submit(self, inputs: list, y, sample_weight) -> None:
@@ -92,6 +112,14 @@ class PipelineRuntime:
         mb.version = self.versions.take(mb.id)
         kind = TaskKind.FORWARD_BACKWARD if len(self.stages) == 1 else TaskKind.FORWARD
         self._queues[0].put((kind, mb, None))
+
+    def wait_for_room(self) -> None:
+        """Block until a minibatch can be submitted without waiting (fewer than N_m in
+        flight, so its weight version exists)."""
+        with self._cond:
+            while self.submitted - self.completed >= self.n_m and self._error is None:
+                self._cond.wait()
+            self._raise_if_failed()
 
     def drain(self) -> None:
         with self._cond:
@@ -112,6 +140,8 @@ class PipelineRuntime:
     def close(self) -> None:
         for q in self._queues:
             q.put(_STOP)
+        if self._updates is not None:
+            self._updates.put(_STOP)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -159,10 +189,11 @@ class PipelineRuntime:
             mb.grads[j] = wg
             mb.deltas[j] = deltas
             total = loss if j == 0 else loss + mb.extra_loss
-            with tf.device(stage.device):
+            with self._metrics_lock, tf.device(stage.device):
                 logs = self._update_metrics(total, mb.y, stage.program.pack_outputs(outputs),
                                             mb.sample_weight)
-            self.logs = {k: val.numpy() for k, val in logs.items()}
+                self.logs = {k: val.numpy() for k, val in logs.items()}
+                self.logs_time = time.perf_counter()
             self._record(j, kind, mb.id, t0)
             if j == 0:
                 self._complete(mb)
@@ -177,7 +208,27 @@ class PipelineRuntime:
             else:
                 self._queues[j - 1].put((TaskKind.BACKWARD, mb, in_grads))
 
+    def _updater(self) -> None:
+        while True:
+            mb = self._updates.get()
+            if mb is _STOP:
+                return
+            if self._error is not None:
+                continue
+            try:
+                self._apply(mb)
+            except BaseException as e:  # noqa: BLE001 - reported to the caller of submit/drain
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+
     def _complete(self, mb: Minibatch) -> None:
+        if self._updates is not None:
+            self._updates.put(mb)
+        else:
+            self._apply(mb)
+
+    def _apply(self, mb: Minibatch) -> None:
         k = len(self.stages)
         self.versions.apply(mb.id, [mb.grads[j] for j in range(k)],
                             [mb.deltas[j] for j in range(k)])

@@ -26,30 +26,49 @@ from hetpipe_tf import _keras_shim
 from hetpipe_tf.strategy.program import Program
 from hetpipe_tf.strategy.runtime import PipelineRuntime
 from hetpipe_tf.strategy.stage import Stage
-from hetpipe_tf.strategy.validation import check_batch, check_model, check_n_m, check_plan
+from hetpipe_tf.partitioner.plan import Plan
+from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
+                                            check_plans)
 
 logger = logging.getLogger(__name__)
 
 
 class HetPipeStrategy(tf.distribute.Strategy):
-    """Pipelined model parallelism of one virtual worker under Keras `model.fit`.
+    """HetPipe under Keras `model.fit`: pipelined virtual workers, WSP between them.
+
+    One virtual worker (VW) by default: pipelined model parallelism over its devices. With
+    several plans (or an `allocation`), several VWs do data parallelism through parameter
+    servers under Wave Synchronous Parallel (paper Section 5; docs/wsp.md).
 
     Args:
-      cluster: the virtual worker's devices: a `hetpipe_tf.cluster` Cluster, a dict, a
+      cluster: the devices: a `hetpipe_tf.cluster` Cluster, a dict, a
         `tf.train.ClusterSpec`, a ClusterResolver, or None to read TF_CONFIG. Optional when
         `plan` is given (the plan names every stage's device).
       plan: a `hetpipe_tf.partitioner.plan.Plan` for the model (its variables are then
-        created on their stage's device), or a callable model -> Plan called at the first
-        `fit`. Without it the planner partitions the model at the first `fit`. With a
-        callable or the planner, variables stay on the host device and each minibatch's
-        weight version is copied to the stage devices (see docs/strategy.md).
+        created on their stage's device), a sequence of Plans (one per virtual worker, the
+        same N_m), or a callable model -> Plan (or sequence) called at the first `fit`.
+        Without it the planner partitions the model at the first `fit`. With a callable
+        or the planner, variables stay on the host device and each minibatch's weight
+        version is copied to the stage devices (see docs/strategy.md).
       n_m: minibatches in flight (N_m). Defaults to the plan's N_m.
       max_m: the memory bound Max_m, when known (N_m > Max_m is an error).
+      clock_distance: WSP's bound D on the clock distance between VWs (0 = BSP-like).
+      placement: where the parameter servers keep each layer: "default" (round-robin over
+        the PS hosts) or "ed_local" (stage k's layers on the node running stage k).
+      ps_hosts: host names of the parameter servers; None = the cluster's "ps" job, else
+        one per host.
+      allocation: with no plan, form VWs from the cluster by this policy ("NP", "ED",
+        "HD", "AUTO"; Section 8.1) and plan each; None = one VW of every device.
+      num_virtual_workers: how many VWs the allocation forms (None: the policy's default).
     """
 
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
-                 max_m: int | None = None):
+                 max_m: int | None = None, clock_distance: int = 0,
+                 placement: str = "default", ps_hosts=None, allocation=None,
+                 num_virtual_workers: int | None = None):
         extended = HetPipeExtended(self, cluster, plan, n_m, max_m)
+        extended.configure_wsp(clock_distance, placement, ps_hosts, allocation,
+                               num_virtual_workers)
         super().__init__(extended)
 
     @property
@@ -60,9 +79,30 @@ class HetPipeStrategy(tf.distribute.Strategy):
     def n_m(self) -> int | None:
         return self.extended.n_m
 
-    def pipeline(self, model) -> PipelineRuntime:
-        """The pipeline runtime training `model` (records, trace, logs); for tests/debugging."""
-        return self.extended.pipelines[id(model)]
+    @property
+    def plans(self) -> tuple:
+        """One plan per virtual worker (empty before the first fit when planning then)."""
+        return self.extended.plans
+
+    @property
+    def num_virtual_workers(self) -> int | None:
+        return len(self.extended.plans) if self.extended.plans else None
+
+    def pipeline(self, model, vw: int = 0) -> PipelineRuntime:
+        """The pipeline runtime of virtual worker `vw` training `model` (records, trace,
+        logs); for tests, monitoring and debugging."""
+        rt = self.extended.pipelines[id(model)]
+        if isinstance(rt, PipelineRuntime):
+            if vw != 0:
+                raise ValueError(f"This strategy has one virtual worker. Received: vw={vw}.")
+            return rt
+        return rt.runtimes[vw]
+
+    def coordinator(self, model):
+        """The WSP coordinator (parameter servers, syncs, assignment) of several virtual
+        workers training `model`; None with one virtual worker."""
+        rt = self.extended.pipelines.get(id(model))
+        return None if rt is None or isinstance(rt, PipelineRuntime) else rt
 
     def drain(self) -> None:
         """Wait until every minibatch handed to the pipeline completed (weights up to date)."""
@@ -79,10 +119,20 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         self._cluster_arg = cluster
         self._plan_fn = plan if callable(plan) else None
         plan = None if callable(plan) else plan
+        self.plans: tuple = ()
+        if plan is not None and not isinstance(plan, Plan):
+            self.plans = check_plans(plan)
+            plan = self.plans[0] if len(self.plans) == 1 else None
+            if plan is None:  # several VWs: the model's variables stay on the host
+                n_m = n_m if n_m is not None else self.plans[0].n_m
+                for p in self.plans:
+                    check_n_m(n_m, max_m, p)
+        elif plan is not None:
+            self.plans = (plan,)
         self.plan = plan
         self.n_m = n_m if n_m is not None else (plan.n_m if plan is not None else None)
         self.max_m = max_m
-        if (plan is None and self._plan_fn is None and cluster is None
+        if (not self.plans and self._plan_fn is None and cluster is None
                 and not os.environ.get("TF_CONFIG")):
             raise ValueError(
                 "HetPipeStrategy needs the virtual worker's devices. Received: cluster=None, "
@@ -99,7 +149,27 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         self.pipelines: dict[int, PipelineRuntime] = {}
         self._lock = threading.Lock()
         self._runtime_threads: set[int] = set()
+        self._local_placement = threading.local()
 
+    def configure_wsp(self, clock_distance, placement, ps_hosts, allocation,
+                      num_virtual_workers) -> None:
+        from hetpipe_tf.cluster.allocation import AllocationPolicy
+        from hetpipe_tf.ps.placement import PlacementPolicy
+
+        if (isinstance(clock_distance, bool) or not isinstance(clock_distance, int)
+                or clock_distance < 0):
+            raise ValueError("clock_distance (WSP's D) must be an int >= 0. Received: "
+                             f"clock_distance={clock_distance!r}; use 0 for BSP-like waves.")
+        self.clock_distance = clock_distance
+        self.placement = PlacementPolicy.parse(placement)
+        self.ps_hosts = None if ps_hosts is None else tuple(ps_hosts)
+        self.allocation = None if allocation is None else AllocationPolicy.parse(allocation)
+        self.num_virtual_workers = num_virtual_workers
+        if self.allocation is not None and (self.plans or self._plan_fn is not None):
+            raise ValueError(
+                "allocation forms virtual workers for the planner; it cannot be combined with "
+                f"a plan. Received: allocation={self.allocation.name} and a plan; pass one "
+                "plan per virtual worker, or no plan.")
     # --- variables ----------------------------------------------------------------------
     def _device_for_scope(self, scope: str) -> str:
         for part in reversed(scope.split("/")):
@@ -107,7 +177,23 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 return self._device_of_layer[part]
         return self._default_device
 
+    def place_locally(self):
+        """Within this context, variables keep the caller's device scope (w_local copies)."""
+        extended = self
+
+        class _Local:
+            def __enter__(self):
+                extended._local_placement.on = True
+
+            def __exit__(self, *exc):
+                extended._local_placement.on = False
+
+        return _Local()
+
     def _create_variable(self, next_creator, **kwargs):
+        if getattr(self._local_placement, "on", False):
+            kwargs.pop("colocate_with", None)
+            return next_creator(**kwargs)
         colocate_with = kwargs.pop("colocate_with", None)
         if colocate_with is not None:  # optimizer slots follow their variable
             with tf.device(colocate_with.device):
@@ -185,23 +271,26 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             self.pipelines[id(model)] = rt
             return rt
 
-    def _build_runtime(self, model, data) -> PipelineRuntime:
+    def _build_runtime(self, model, data):
         strategy = self._container_strategy()
         check_model(model, strategy)
         batch_size = check_batch(data)
-        plan = self.plan
-        if plan is None:
+        if not self.plans:
             with tf.init_scope():  # we are inside Keras' train-function trace: plan eagerly
-                plan = (self._plan_fn(model) if self._plan_fn is not None
-                        else self._make_plan(model, batch_size))
-            self.plan = plan
+                if self._plan_fn is not None:
+                    got = self._plan_fn(model)
+                    self.plans = (got,) if isinstance(got, Plan) else check_plans(got)
+                else:
+                    self.plans = self._make_plans(model, batch_size)
             if self.n_m is None:
-                self.n_m = plan.n_m
-            check_n_m(self.n_m, self.max_m, plan)
+                self.n_m = min(p.n_m for p in self.plans)
+            for p in self.plans:
+                check_n_m(self.n_m, self.max_m, p)
+            if len(self.plans) == 1:
+                self.plan = self.plans[0]
         program = Program.from_model(model)
-        check_plan(plan, program, model, batch_size)
-        stages = [Stage(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
-                        s.emulated_speed_factor, model) for s in plan.stages]
+        for p in self.plans:
+            check_plan(p, program, model, batch_size)
         original = model.get_metrics_result  # bound method of the model's class
 
         @tf.function(reduce_retracing=True)
@@ -213,11 +302,21 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 cm.update_state(y, y_pred, sample_weight)
             return original()
 
-        runtime = PipelineRuntime(stages, model.optimizer, self.n_m, update_metrics)
+        if len(self.plans) == 1:
+            plan = self.plans[0]
+            stages = [Stage(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
+                            s.emulated_speed_factor, model) for s in plan.stages]
+            runtime = PipelineRuntime(stages, model.optimizer, self.n_m, update_metrics)
+        else:
+            from hetpipe_tf.strategy.virtual_workers import build_virtual_workers
+            runtime = build_virtual_workers(
+                model, program, self.plans, self.n_m, self.clock_distance, update_metrics,
+                cluster=self._cluster_or_none(), placement=self.placement,
+                ps_hosts=self.ps_hosts, place_locally=self.place_locally)
         runtime.program = program
-        runtime.plan = plan
+        runtime.plan = self.plans[0]
         runtime.original_get_metrics_result = original
-        self._runtime_threads.update(t.ident for t in runtime._threads)
+        self._runtime_threads.update(runtime.thread_ids)
         extended = self
 
         def get_metrics_result():
@@ -228,13 +327,24 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             return original()
 
         object.__setattr__(model, "get_metrics_result", get_metrics_result)
-        logger.info("HetPipe pipeline for %s:\n%s", model.name, plan.table())
+        for w, p in enumerate(self.plans):
+            logger.info("HetPipe virtual worker %d of %d for %s:\n%s", w, len(self.plans),
+                        model.name, p.table())
         return runtime
 
-    def _make_plan(self, model, batch_size):
-        from hetpipe_tf.strategy.planning import plan_with_partitioner
-        return plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
-                                     self.max_m)
+    def _cluster_or_none(self):
+        if self._cluster_arg is None and not os.environ.get("TF_CONFIG"):
+            return None
+        from hetpipe_tf.strategy.planning import resolve_cluster
+        return resolve_cluster(self._cluster_arg)
+
+    def _make_plans(self, model, batch_size) -> tuple:
+        from hetpipe_tf.strategy.planning import plan_virtual_workers, plan_with_partitioner
+        if self.allocation is None:
+            return (plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
+                                          self.max_m),)
+        return plan_virtual_workers(model, batch_size, self._cluster_arg, self.allocation,
+                                    self.num_virtual_workers, self.n_m, self.max_m)
 
     def drain(self) -> None:
         if threading.get_ident() in self._runtime_threads:

@@ -42,6 +42,31 @@ def check_n_m(n_m, max_m, plan) -> None:
                 f"{s.memory_available} available; lower N_m or re-plan.")
 
 
+def check_plans(plans) -> tuple:
+    """One Plan per virtual worker, all with the same N_m (Section 4: N_m is equal in every
+    virtual worker)."""
+    from hetpipe_tf.partitioner.plan import Plan
+
+    try:
+        plans = tuple(plans)
+    except TypeError:
+        raise ValueError("plan must be a Plan, a sequence of Plans (one per virtual worker) "
+                         f"or a callable returning either. Received: plan={plans!r}.") from None
+    bad = [i for i, p in enumerate(plans) if not isinstance(p, Plan)]
+    if not plans or bad:
+        raise ValueError("plan must be a Plan, a sequence of Plans (one per virtual worker) "
+                         "or a callable returning either. Received: "
+                         + (f"plan[{bad[0]}]={plans[bad[0]]!r}" if bad else "an empty sequence")
+                         + "; build plans with hetpipe_tf.partitioner or strategy.manual_plan.")
+    n_ms = [p.n_m for p in plans]
+    if len(set(n_ms)) > 1:
+        raise ValueError(
+            "Every virtual worker must run the same N_m (Section 4: N_m = the minimum Max_m "
+            f"over the virtual workers). Received: plans with n_m={n_ms}; make every plan with "
+            f"n_m={min(n_ms)} (e.g. partitioner.milp.plan_virtual_workers).")
+    return plans
+
+
 def check_model(model, strategy) -> None:
     for name in _OVERRIDES:
         if _keras_shim.call_overridden(model, name):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import tensorflow as tf
 
@@ -36,12 +36,31 @@ class Version:
 
 
 class WeightVersions:
-    def __init__(self, stages: Sequence, optimizer, n_m: int):
+    """w_local and its versions.
+
+    Args:
+      stages: the virtual worker's stages (their devices; their model variables by default).
+      optimizer: applies each minibatch's gradients to w_local.
+      n_m: minibatches in flight.
+      local: per stage, (trainable, versioned non-trainable) variables that ARE w_local;
+        default: the model's own variables (one virtual worker). Several virtual workers
+        each pass their own copies (hetpipe_tf.ps.coordinator).
+      after_apply: called as after_apply(q) once u_q is in w_local and before the version
+        of q + N_m is taken: WSP pushes a finished wave and pulls global weights there.
+    """
+
+    def __init__(self, stages: Sequence, optimizer, n_m: int,
+                 local: Sequence[tuple[Sequence, Sequence]] | None = None,
+                 after_apply: Callable[[int], None] | None = None):
         self._stages = list(stages)
         self._optimizer = optimizer
         self._n_m = n_m
-        self._tvars = [v for s in self._stages for v in s.trainable]
-        self._ntvars = [v for s in self._stages for v in s.versioned_nt]
+        if local is None:
+            local = [(s.trainable, s.versioned_nt) for s in self._stages]
+        self.local = [(list(t), list(n)) for t, n in local]
+        self._tvars = [v for t, _ in self.local for v in t]
+        self._ntvars = [v for _, n in self.local for v in n]
+        self._after_apply = after_apply
         self._versions: dict[int, Version] = {}
         self._lock = threading.Lock()
         self.applied = 0            # id of the last update applied to w_local
@@ -50,11 +69,10 @@ class WeightVersions:
 
     def snapshot(self) -> Version:
         tr, nt = [], []
-        for s in self._stages:
+        for s, (tvars, ntvars) in zip(self._stages, self.local):
             with tf.device(s.device):
-                tr.append(tuple(tf.identity(keras_shim.variable_handle(v)) for v in s.trainable))
-                nt.append(tuple(tf.identity(keras_shim.variable_handle(v))
-                                for v in s.versioned_nt))
+                tr.append(tuple(tf.identity(keras_shim.variable_handle(v)) for v in tvars))
+                nt.append(tuple(tf.identity(keras_shim.variable_handle(v)) for v in ntvars))
         return Version(self.applied, tuple(tr), tuple(nt))
 
     def start_run(self, first: int) -> None:
@@ -85,6 +103,8 @@ class WeightVersions:
         deltas = [d for ds in deltas_by_stage for d in ds]
         self._apply_fn(grads, deltas)
         self.applied = q
+        if self._after_apply is not None:
+            self._after_apply(q)
         version = self.snapshot()
         with self._lock:
             self._versions[q + self._n_m] = version

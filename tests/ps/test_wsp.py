@@ -17,3 +17,27 @@ def test_wsp_rules_figure3():
             for w in range(d + 1, 8):
                 assert wsp.required_global_wave((w + 1) * n_m, n_m, d) == w - d - 1
     assert wsp.pull_after_wave(3, 2) == 5
+
+
+def test_wave_completed_by_marks_the_last_minibatch_of_each_wave():
+    assert [wsp.wave_completed_by(i, 3) for i in range(1, 8)] == [None, None, 0, None, None,
+                                                                  1, None]
+    assert [wsp.wave_completed_by(i, 1) for i in range(1, 4)] == [0, 1, 2]
+
+
+def test_the_pull_after_each_push_brings_what_the_next_versions_need():
+    # After pushing wave c (its last minibatch is (c+1)N_m), the versions taken from then on
+    # serve minibatches (c+2)N_m .. (c+3)N_m - 1: each needs at most wave c - D, and the
+    # first of them needs exactly that wave.
+    for d in range(4):
+        for n_m in range(1, 5):
+            for c in range(10):
+                pulled = wsp.wave_pulled_after_push(c, d)
+                needs = [wsp.required_global_wave(p, n_m, d)
+                         for p in range((c + 2) * n_m, (c + 3) * n_m)]
+                if pulled is None:
+                    assert all(r is None for r in needs)
+                else:
+                    assert needs[0] == pulled
+                    assert all(r is not None and r <= pulled for r in needs)
+                    assert wsp.pull_after_wave(pulled, d) == c

@@ -1,0 +1,130 @@
+"""Several virtual workers for one Keras model: their stages, w_local, optimizers, syncs.
+
+`build_virtual_workers` turns plans (one per VW, the same N_m) into a
+`hetpipe_tf.ps.coordinator.Coordinator`:
+
+- w_global: one parameter-server variable per versioned model variable (trainable and
+  float non-trainable), on the device of the PS that the placement gives its layer
+  (`hetpipe_tf.ps.placement`: default round-robin or ED-local);
+- per VW: its stages (compiled for its devices), w_local = copies of the variables on the
+  device of the stage that uses them, its OWN optimizer (a clone of the model's: each VW's
+  optimizer state, e.g. momentum or Adam's moments, is local, as each worker's is under
+  parameter-server training; the servers only add the pushed updates), a `WaveSync`, and a
+  pipeline runtime whose updater thread applies updates and runs the WSP hook.
+
+The model's variables are not trained directly: the coordinator copies w_global into them
+at the end of every run, so Keras (metrics, callbacks, checkpoints, evaluate) sees the
+global weights.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from typing import Any, Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+from hetpipe_tf import _keras_shim
+from hetpipe_tf.partitioner.plan import Plan
+from hetpipe_tf.ps.coordinator import Coordinator
+from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, ps_device
+from hetpipe_tf.ps.server import ParameterServers
+from hetpipe_tf.ps.wave_sync import WaveSync
+from hetpipe_tf.strategy.runtime import PipelineRuntime
+from hetpipe_tf.strategy.stage import Stage
+
+HOST_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def _stages(plan: Plan, program, model) -> list[Stage]:
+    return [Stage(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
+                  s.emulated_speed_factor, model) for s in plan.stages]
+
+
+def _layer_of_variables(program) -> dict[int, int]:
+    """id(variable) -> node index of the layer that owns it."""
+    out = {}
+    for i in range(len(program.graph.nodes)):
+        for layer in program.stage_layers(i, i):
+            for v in list(layer.trainable_variables) + list(layer.non_trainable_variables):
+                out.setdefault(id(v), i)
+    return out
+
+
+def variable_ps_devices(program, plans: Sequence[Plan], variables: Sequence, cluster,
+                        policy: PlacementPolicy | str, ps_hosts: Sequence[str] | None
+                        ) -> list[str]:
+    """The PS device of every variable, by the placement of its layer."""
+    policy = PlacementPolicy.parse(policy)
+    if cluster is None:
+        if policy is not PlacementPolicy.DEFAULT:
+            raise ValueError(
+                "ED-local placement needs the cluster (which node runs which stage). "
+                f"Received: placement={policy.value!r} and no cluster; pass the cluster to "
+                "HetPipeStrategy or use placement='default'.")
+        return [HOST_CPU] * len(variables)
+    # place_parameters reads only each layer's name and trainable bytes of a profile.
+    layers = [types.SimpleNamespace(name=n.name, trainable_param_bytes=n.trainable_param_bytes)
+              for n in program.graph.nodes]
+    placement = place_parameters(types.SimpleNamespace(layers=layers), plans, cluster,
+                                 ps_hosts, policy)
+    owner = _layer_of_variables(program)
+    first_ps = placement.ps_hosts[0]
+    return [ps_device(cluster, placement.layer_hosts.get(owner.get(id(v), -1), first_ps))
+            for v in variables]
+
+
+def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
+                          clock_distance: int, update_metrics: Callable, *, cluster=None,
+                          placement: PlacementPolicy | str = PlacementPolicy.DEFAULT,
+                          ps_hosts: Sequence[str] | None = None,
+                          place_locally: Callable[[], Any]) -> Coordinator:
+    """The coordinator of len(plans) virtual workers training `model` under WSP.
+
+    `place_locally()` returns a context in which the strategy's variable creator keeps the
+    caller's device scope (so w_local lands on the stage devices).
+    """
+    per_vw_stages = [_stages(p, program, model) for p in plans]
+    variables = []
+    seen = set()
+    for s in per_vw_stages[0]:
+        for v in list(s.trainable) + list(s.versioned_nt):
+            if id(v) not in seen:
+                seen.add(id(v))
+                variables.append(v)
+    devices = variable_ps_devices(program, plans, variables, cluster, placement, ps_hosts)
+    with tf.init_scope():
+        initial = [tf.identity(_keras_shim.variable_handle(v)) for v in variables]
+        servers = ParameterServers(initial, devices, len(plans),
+                                   names=[v.path if hasattr(v, "path") else v.name
+                                          for v in variables])
+        index = {id(v): k for k, v in enumerate(variables)}
+        metrics_lock = threading.Lock()
+        runtimes, syncs = [], []
+        for w, stages in enumerate(per_vw_stages):
+            local_flat: list = [None] * len(variables)
+            local_by_stage = []
+            with place_locally():
+                for s in stages:
+                    groups = []
+                    for group in (s.trainable, s.versioned_nt):
+                        copies = []
+                        for v in group:
+                            with tf.device(s.device):
+                                c = tf.Variable(initial[index[id(v)]], trainable=False,
+                                                name=f"vw{w}/{v.name.replace(':', '_')}")
+                            local_flat[index[id(v)]] = c
+                            copies.append(c)
+                        groups.append(copies)
+                    local_by_stage.append(tuple(groups))
+            optimizer = keras.optimizers.deserialize(keras.optimizers.serialize(model.optimizer))
+            sync = WaveSync(w, servers, local_flat, n_m, clock_distance)
+            rt = PipelineRuntime(stages, optimizer, n_m, update_metrics, local=local_by_stage,
+                                 after_apply=sync.after_apply, update_thread=True,
+                                 metrics_lock=metrics_lock)
+            rt.plan = plans[w]
+            runtimes.append(rt)
+            syncs.append(sync)
+    return Coordinator(runtimes, syncs, servers, variables)

@@ -6,9 +6,15 @@ r"""The paper's experiments: run HetPipe on the devices at hand, or simulate a c
   python -m benchmarks.hetpipe_benchmark --mode=paper      # Table 4, Figure 5, scaling
 
 --mode=run trains for real on this machine (--cluster=local: one logical CPU device per
---devices entry, EMULATED at --speed_factors) and prints images/sec, per-stage utilisation,
-waiting and idle time and bytes across hosts, beside a data-parallel all-reduce baseline
-(tf.distribute.MirroredStrategy over the same devices: the paper's Horovod column).
+--devices entry, EMULATED at --speed_factors, split into --hosts hosts): the virtual workers
+that --allocation forms, each a pipeline, under WSP with --staleness=D through parameter
+servers placed by --placement; it prints images/sec, per-stage utilisation, waiting and
+idle time, bytes across hosts and the clock distance, beside a data-parallel all-reduce
+baseline (tf.distribute.MirroredStrategy over the same devices: the paper's Horovod column).
+
+  python -m benchmarks.hetpipe_benchmark --mode=run --model=mlp --hosts=2 \
+      --devices=LOCAL_CPU,LOCAL_CPU,LOCAL_CPU,LOCAL_CPU --speed_factors=1,1,0.5,0.5 \
+      --allocation=ED --placement=ed_local --staleness=1
 --mode=simulate predicts the same figures for any cluster of the device catalog with the
 discrete-event simulator (hetpipe_tf.sim), beside the simulated all-reduce baseline.
 """
@@ -33,6 +39,9 @@ _CLUSTER = flags.DEFINE_string(
     "one host each), 'paper' (the paper's 4 hosts x 4 GPUs), or a cluster JSON file.")
 _DEVICES = flags.DEFINE_list("devices", ["LOCAL_CPU", "LOCAL_CPU"],
                              "Device types of --cluster=local, one per logical device.")
+_HOSTS = flags.DEFINE_integer("hosts", 0, "Hosts of --cluster=local: the devices are split "
+                              "into this many equal groups; 0 = one host per device.",
+                              lower_bound=0)
 _SPEED = flags.DEFINE_list("speed_factors", ["1.0", "0.5"], "EMULATED speed factor per "
                            "device of --cluster=local (1.0 = real speed).")
 _ALLOCATION = flags.DEFINE_enum_class("allocation", "ED", AllocationPolicy,
@@ -75,7 +84,12 @@ def _cluster():
             raise app.UsageError(
                 "--speed_factors needs one factor per --devices entry. Received: "
                 f"{len(_SPEED.value)} factors for {len(_DEVICES.value)} devices.")
-        return Cluster.local(_DEVICES.value, hosts=len(_DEVICES.value),
+        hosts = _HOSTS.value or len(_DEVICES.value)
+        if len(_DEVICES.value) % hosts:
+            raise app.UsageError(
+                "--hosts must divide the number of --devices. Received: --hosts="
+                f"{hosts} for {len(_DEVICES.value)} devices.")
+        return Cluster.local(_DEVICES.value, hosts=hosts,
                              emulated_speed_factors=[float(v) for v in _SPEED.value])
     if _CLUSTER.value == "paper":
         return paper_cluster()
@@ -98,11 +112,12 @@ def _dataset(tf, model):
         _BATCH_SIZE.value, drop_remainder=True).repeat()
 
 
-def _timed_fit(model, ds) -> float:
+def _timed_fit(model, ds) -> tuple[float, float]:
+    """(images/s of the timed fit, its perf_counter start), after a warm-up fit."""
     model.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)        # warm-up: tracing
     start = time.perf_counter()
     model.fit(ds, epochs=1, steps_per_epoch=_STEPS.value, verbose=0)
-    return _STEPS.value * _BATCH_SIZE.value / (time.perf_counter() - start)
+    return _STEPS.value * _BATCH_SIZE.value / (time.perf_counter() - start), start
 
 
 def _bytes_across_hosts(plan, profile, cluster) -> int:
@@ -126,7 +141,7 @@ def _write_timeline(events, plan, title: str) -> None:
 
 
 def _run() -> None:
-    from hetpipe_tf.cluster.allocation import allocate
+    from hetpipe_tf.cluster.allocation import allocate, type_string
     from hetpipe_tf.cluster.local import configure_logical_devices
     cluster = _cluster()
     if _CLUSTER.value != "local":
@@ -135,54 +150,78 @@ def _run() -> None:
             f"use --cluster=local. Received: --cluster={_CLUSTER.value}; use --mode=simulate "
             "for a cluster that is not at hand.")
     vws = allocate(cluster, _ALLOCATION.value)
-    if len(vws) != 1:
-        raise app.UsageError(
-            "--mode=run trains one virtual worker: data parallelism between virtual workers "
-            "(parameter servers, WSP) is not built yet. Received: --allocation="
-            f"{_ALLOCATION.value.name} gives {len(vws)} virtual workers; use --allocation=ED "
-            "(one VW of every device) or --mode=simulate.")
     configure_logical_devices(len(cluster.devices))
     import keras
     import tensorflow as tf
 
     from hetpipe_tf import HetPipeStrategy
     from hetpipe_tf.observe import stage_stats
+    from hetpipe_tf.observe.events import normalize
+    from hetpipe_tf.partitioner.milp import plan_virtual_workers
     from hetpipe_tf.partitioner.planner import plan_model
+    from hetpipe_tf.ps.placement import bytes_across_hosts_per_wave, place_parameters
 
     print(cluster.describe())
-    result = plan_model(_model(), cluster, _BATCH_SIZE.value, devices=vws[0],
-                        n_m=_NM.value or None)
-    plan = result.plan
-    print(plan.table())
-    strategy = HetPipeStrategy(cluster, plan=plan)
+    print(f"{len(vws)} virtual worker(s) by {_ALLOCATION.value.name}: "
+          + ", ".join(f"vw{w}=[{', '.join(d.name for d in vw)}]" for w, vw in enumerate(vws)))
+    first = plan_model(_model(), cluster, _BATCH_SIZE.value, devices=vws[0],
+                       n_m=_NM.value or None)
+    profile = first.profile
+    plans = (first.plan,) if len(vws) == 1 else plan_virtual_workers(
+        profile, vws, cluster=cluster, n_m=_NM.value or None,
+        optimizer_slots=first.plan.optimizer_slots)
+    for w, plan in enumerate(plans):
+        print(f"virtual worker {w} ({type_string(vws[w])}):\n{plan.table()}")
+    strategy = HetPipeStrategy(cluster, plan=plans[0] if len(plans) == 1 else plans,
+                               clock_distance=_STALENESS.value, placement=_PLACEMENT.value)
     with strategy.scope():
         model = _model()
         model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
     ds = _dataset(tf, model)
     try:
-        hetpipe = _timed_fit(model, ds)
-        trace = list(strategy.pipeline(model).trace)
+        hetpipe, start = _timed_fit(model, ds)
+        events = [e for w in range(len(plans))         # the timed fit only
+                  for e in normalize(strategy.pipeline(model, w).trace, vw=w)
+                  if e.start >= start]
+        coord = strategy.coordinator(model)
     finally:
         strategy.close()
+    devices = [d.tf_device for vw in vws for d in vw]
     tf.get_logger().setLevel("ERROR")   # MirroredStrategy logs every reduction at INFO
-    mirrored = tf.distribute.MirroredStrategy([d.tf_device for d in vws[0]])
+    mirrored = tf.distribute.MirroredStrategy(devices)
     with mirrored.scope():
         baseline = _model()
         baseline.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
-    allreduce = _timed_fit(baseline, ds)
-    print(f"\nHetPipe, 1 virtual worker, N_m={plan.n_m}: {hetpipe:8.1f} images/s")
-    print(f"all-reduce data parallelism (MirroredStrategy, {len(vws[0])} replicas, global "
+    allreduce, _ = _timed_fit(baseline, ds)
+    print(f"\nHetPipe, {len(plans)} virtual worker(s), N_m={plans[0].n_m}, "
+          f"D={_STALENESS.value}, placement={_PLACEMENT.value}: {hetpipe:8.1f} images/s")
+    print(f"all-reduce data parallelism (MirroredStrategy, {len(devices)} replicas, global "
           f"batch {_BATCH_SIZE.value}): {allreduce:8.1f} images/s = "
           f"{hetpipe / allreduce:.2f}x for HetPipe (the baseline runs every device at real "
           "speed: emulated speed factors do not apply to it, which favours it)")
-    print(f"bytes across hosts per minibatch (activations + gradients): "
-          f"{_bytes_across_hosts(plan, result.profile, cluster)}; parameter traffic: 0 "
-          "(one virtual worker has no parameter server)")
-    print("stage  device                          utilisation  idle s  waiting s")
-    for (_, j), s in sorted(stage_stats(trace).items()):
-        print(f"{j:5}  {plan.stages[j].device:30}  {s.utilisation:11.2f}  {s.idle_s:6.2f}  "
-              f"{s.waiting_s:9.2f}")
-    _write_timeline(trace, plan, f"{_MODEL.value}, real run, N_m={plan.n_m}")
+    activations = sum(_bytes_across_hosts(p, profile, cluster) for p in plans) / len(plans)
+    print(f"bytes across hosts per minibatch (activations + gradients, mean over VWs): "
+          f"{activations:.0f}")
+    if coord is None:
+        print("parameter traffic: 0 (one virtual worker has no parameter server)")
+    else:
+        placement = place_parameters(profile, plans, cluster, policy=_PLACEMENT.value)
+        per_wave = bytes_across_hosts_per_wave(placement, plans, profile, cluster)
+        waves = len(coord.servers.pushes)
+        print(f"parameter traffic: {waves} pushes and {coord.servers.pull_count} pulls "
+              f"(whole run, warm-up included); bytes across hosts per wave of every VW: "
+              f"{per_wave} (push + pull, {_PLACEMENT.value} placement)")
+        print(f"minibatches per virtual worker: {[len(a) for a in coord.assignment]}; "
+              f"largest clock distance after a push: {coord.servers.max_clock_distance} "
+              f"(bound D+1 = {_STALENESS.value + 1})")
+        for w, sync in enumerate(coord.syncs):
+            print(f"vw{w}: waited {sync.wait_s:.2f} s for global weights")
+    print("vw  stage  device                          utilisation  idle s  waiting s")
+    for (w, j), st in sorted(stage_stats(events).items()):
+        print(f"{w:2}  {j:5}  {plans[w].stages[j].device:30}  {st.utilisation:11.2f}  "
+              f"{st.idle_s:6.2f}  {st.waiting_s:9.2f}")
+    _write_timeline(events, plans[0], f"{_MODEL.value}, real run, {len(plans)} VW(s), "
+                    f"N_m={plans[0].n_m}")
 
 
 def _simulate() -> None:

@@ -16,6 +16,12 @@ against the simulator's prediction for the same --steps minibatches from empty:
                    each other down, which the per-device cost model cannot know;
   sim(trace):      the task durations measured in the run's own trace (median per stage
                    and kind): checks the schedule model alone, free of cost-model error.
+
+Then TWO virtual workers (`--sim_vws`): one stage each, on the 2 logical devices (one
+EMULATED at 0.5x), data parallel through parameter servers under WSP (one PS per host,
+default placement), for each N_m and D in --sim_d: measured (HetPipeStrategy with two
+plans, --steps minibatches shared by both VWs) against the simulator (same plans, PS map
+from the placement, --steps / 2 minibatches per VW).
 """
 
 from __future__ import annotations
@@ -33,12 +39,15 @@ from absl import app, flags  # noqa: E402
 _NM = flags.DEFINE_list("sim_nm", ["1", "2", "4"], "N_m values to compare.")
 _SIM_STEPS = flags.DEFINE_integer("sim_steps", 30, "Timed minibatches per epoch.")
 _SIM_REPEATS = flags.DEFINE_integer("sim_repeats", 3, "Timed epochs; the fastest counts.")
+_SIM_VWS = flags.DEFINE_list("sim_vws", ["1", "2"], "Virtual-worker counts to validate.")
+_SIM_D = flags.DEFINE_list("sim_d", ["0", "1"], "Clock distances D for two VWs.")
 
 
-def _measure(pb, keras, ds, plan, steps: int, repeats: int):
+def _measure(pb, keras, ds, plan, steps: int, repeats: int, cluster=None,
+             clock_distance: int = 0):
     from hetpipe_tf.strategy import HetPipeStrategy
     keras.utils.set_random_seed(0)
-    strategy = HetPipeStrategy(plan=plan)
+    strategy = HetPipeStrategy(cluster, plan=plan, clock_distance=clock_distance)
     with strategy.scope():
         model = pb._build(keras, "pipelined")
         model.compile(keras.optimizers.SGD(1e-3), "sparse_categorical_crossentropy")
@@ -46,11 +55,12 @@ def _measure(pb, keras, ds, plan, steps: int, repeats: int):
         model.fit(ds, epochs=1, steps_per_epoch=5, verbose=0)
         best, best_trace = 0.0, []
         for _ in range(repeats):
-            rt = strategy.pipeline(model)
+            rt = strategy.pipeline(model)  # VW 0's
             n0 = len(rt.trace)
             start = time.perf_counter()
             model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0)
-            rate = steps * plan.batch_size / (time.perf_counter() - start)
+            batch = (plan[0] if isinstance(plan, list) else plan).batch_size
+            rate = steps * batch / (time.perf_counter() - start)
             if rate > best:
                 best, best_trace = rate, list(rt.trace[n0:])
         return best, best_trace
@@ -75,6 +85,50 @@ def _trace_times(trace, k: int) -> tuple[list[float], list[float]]:
     return fwd, bwd
 
 
+def _table(rows) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print("\n| " + " | ".join(c.ljust(w) for c, w in zip(rows[0], widths)) + " |")
+    print("| " + " | ".join("-" * w for w in widths) + " |")
+    for r in rows[1:]:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    print("(samples/s; ratio = simulated / measured)")
+
+
+def _two_virtual_workers(pb, keras, ds, cluster, ceiling, steps, repeats, nms, ds_):
+    """Measured vs simulated throughput of 2 one-stage VWs under WSP."""
+    from hetpipe_tf.partitioner.milp import plan_virtual_workers
+    from hetpipe_tf.partitioner.planner import plan_model
+    from hetpipe_tf.ps.placement import place_parameters, traffic
+    from hetpipe_tf.sim.engine import simulate
+    from hetpipe_tf.sim.model import SimConfig, from_plan
+
+    vws = [[d] for d in cluster.devices]
+    first = plan_model(pb._build(keras, "planned2"), cluster, pb._BATCH_SIZE.value,
+                       devices=vws[0], n_m=1)
+    rows = [("N_m", "D", "measured", "sim(plan)", "ratio", f"sim(plan x {ceiling:.2f})",
+             "ratio")]
+    for n_m in nms:
+        plans = plan_virtual_workers(first.profile, vws, cluster=cluster, n_m=n_m)
+        placement = place_parameters(first.profile, plans, cluster)
+        ps = traffic(placement, plans, first.profile, cluster)
+        for d in ds_:
+            measured, _ = _measure(pb, keras, ds, list(plans), steps, repeats, cluster, d)
+            cfg = SimConfig(n_m=n_m, clock_distance=d, num_waves=max(1, steps // (2 * n_m)))
+            preds = []
+            for scale in (1.0, ceiling):
+                sim_vws = [from_plan(p, cluster, name=f"vw{w}", compute_scale=scale,
+                                     ps={j: [(t.ps_host, t.bytes) for t in st]
+                                         for j, st in enumerate(ps[w])})
+                           for w, p in enumerate(plans)]
+                preds.append(simulate(sim_vws, cfg, cluster).samples_per_s)
+            rows.append((str(n_m), str(d), f"{measured:.0f}",
+                         *(x for pr in preds for x in (f"{pr:.0f}", f"{pr / measured:.2f}"))))
+            print(f"  2 VWs, N_m={n_m}, D={d}: measured {measured:.0f} samples/s", flush=True)
+    print("\nTwo virtual workers (one stage each, device 0 EMULATED at 0.5x), WSP through "
+          "one parameter server per host:")
+    _table(rows)
+
+
 def main(argv: list[str]) -> None:
     from absl import flags as _f
     from benchmarks import pipeline_benchmark as pb
@@ -95,9 +149,16 @@ def main(argv: list[str]) -> None:
     cluster = Cluster.local(["LOCAL_CPU", "LOCAL_CPU"], emulated_speed_factors=[0.5, 1.0])
     ceiling = pb._machine_ceiling(tf, keras, [d.tf_device for d in cluster.devices])
     nms = [int(v) for v in _NM.value]
+    print(f"contention factor c (2 concurrent step copies / 1, measured now) = {ceiling:.2f}")
+    if "2" in _SIM_VWS.value:
+        two = Cluster.local(["LOCAL_CPU", "LOCAL_CPU"], hosts=2,
+                            emulated_speed_factors=[0.5, 1.0])
+        _two_virtual_workers(pb, keras, ds, two, ceiling, steps, repeats, nms,
+                             [int(v) for v in _SIM_D.value])
+    if "1" not in _SIM_VWS.value:
+        return
     plan = plan_model(pb._build(keras, "planned"), cluster, pb._BATCH_SIZE.value,
                       n_m=max(nms)).plan
-    print(f"contention factor c (2 concurrent step copies / 1, measured now) = {ceiling:.2f}")
     print(plan.table())
     rows = [("N_m", "measured", "sim(plan)", "ratio", f"sim(plan x {ceiling:.2f})", "ratio",
              "sim(trace)", "ratio")]
@@ -119,12 +180,8 @@ def main(argv: list[str]) -> None:
                                                     for x in (f"{pr:.0f}", f"{pr / measured:.2f}"))))
         print(f"  N_m={n_m}: trace task medians fwd={[round(x * 1e3, 1) for x in fwd]} ms "
               f"bwd={[round(x * 1e3, 1) for x in bwd]} ms", flush=True)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    print("\n| " + " | ".join(c.ljust(w) for c, w in zip(rows[0], widths)) + " |")
-    print("| " + " | ".join("-" * w for w in widths) + " |")
-    for r in rows[1:]:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
-    print("(samples/s; ratio = simulated / measured)")
+    print("\nOne virtual worker of 2 stages:")
+    _table(rows)
 
 
 if __name__ == "__main__":

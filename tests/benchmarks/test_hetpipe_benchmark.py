@@ -14,11 +14,21 @@ def test_run_mode_trains_and_reports():
         assert text in proc.stdout
 
 
-def test_run_mode_refuses_several_virtual_workers():
-    proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=run", "--model=mlp",
-                      "--allocation=NP")
-    assert proc.returncode != 0
-    assert "gives 2 virtual workers" in proc.stderr and "--mode=simulate" in proc.stderr
+def test_run_mode_trains_several_virtual_workers_under_wsp(tmp_path):
+    proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=run", "--model=mlp", "--steps=4",
+                      "--batch_size=16", "--hosts=2", "--devices=LOCAL_CPU,LOCAL_CPU,LOCAL_CPU,"
+                      "LOCAL_CPU", "--speed_factors=1,1,0.5,0.5", "--allocation=ED",
+                      "--placement=ed_local", "--staleness=1", "--nm=2",
+                      f"--trace_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "2 virtual worker(s) by ED" in out and "D=1, placement=ed_local" in out
+    # ED-local keeps parameter traffic on the node.
+    assert "bytes across hosts per wave of every VW: 0 " in out
+    assert "(bound D+1 = 2)" in out and "waited" in out
+    trace = json.loads((tmp_path / "run_trace.json").read_text())
+    vws = {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert len(vws) == 2
 
 
 def test_bad_flags():
@@ -26,6 +36,8 @@ def test_bad_flags():
     assert proc.returncode != 0 and "allocation" in proc.stderr
     proc = run_binary("benchmarks.hetpipe_benchmark", "--speed_factors=2")
     assert proc.returncode != 0 and "--speed_factors must be numbers" in proc.stderr
+    proc = run_binary("benchmarks.hetpipe_benchmark", "--hosts=3")
+    assert proc.returncode != 0 and "--hosts must divide" in proc.stderr
 
 
 def test_simulate_mode_on_the_paper_cluster(tmp_path):

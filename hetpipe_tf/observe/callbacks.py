@@ -158,6 +158,8 @@ class PipelineMonitor(keras.callbacks.Callback):
         self._fit_start = 0
         self._epoch_start = 0
         self._last_epoch: tuple[int, int] = (0, 0)
+        self._waits: dict[int, float] = {}
+        self._pushes = 0
 
     # --- helpers --------------------------------------------------------------------------
     def _runtime(self):
@@ -176,12 +178,31 @@ class PipelineMonitor(keras.callbacks.Callback):
         plan = getattr(self.strategy, "plan", None)
         return int(plan.batch_size) if plan is not None and plan.batch_size else None
 
-    def _clock_distance(self) -> tuple[float, str]:
-        d = getattr(self.strategy, "clock_distance", None)
-        if d is None:
-            return 0.0, ("Clock distance between virtual workers. One virtual worker: no "
-                         "global clock to wait for, so it is 0.")
-        return float(d), "Clock distance D between virtual workers (WSP)."
+    def _coordinator(self):
+        get = getattr(self.strategy, "coordinator", None)
+        return get(self.model) if get is not None else None
+
+    def _wsp_scalars(self, scalars: dict, desc: dict) -> None:
+        coord = self._coordinator()
+        if coord is None:
+            scalars["clock/distance"] = 0.0
+            desc["clock/distance"] = ("Clock distance between virtual workers. One virtual "
+                                      "worker: no global clock to wait for, so it is 0.")
+            return
+        servers = coord.servers
+        scalars["clock/distance"] = float(servers.run_max_clock_distance)
+        desc["clock/distance"] = (
+            "Largest spread of the virtual workers' clocks (waves pushed) after a push in "
+            "this epoch; at most D + 1 (a VW that pushed and waits is one ahead).")
+        scalars["clock/bound_D"] = float(self.strategy.extended.clock_distance)
+        for w, sync in enumerate(coord.syncs):
+            before = self._waits.get(w, 0.0)
+            scalars[f"vw_{w}/wait_for_global_s"] = sync.wait_s - before
+            desc[f"vw_{w}/wait_for_global_s"] = (
+                "Time this VW's updater waited for other VWs' waves (WSP) in the epoch.")
+            self._waits[w] = sync.wait_s
+        scalars["wsp/pushes"] = float(len(servers.pushes) - self._pushes)
+        self._pushes = len(servers.pushes)
 
     # --- Keras hooks ----------------------------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -242,9 +263,7 @@ class PipelineMonitor(keras.callbacks.Callback):
             scalars["staleness/max"] = float(max(stale))
             desc["staleness/mean"] = ("Minibatch id minus the last update reflected in the "
                                       "weights it used (N_m within a run).")
-        d, d_desc = self._clock_distance()
-        scalars["clock/distance"] = d
-        desc["clock/distance"] = d_desc
+        self._wsp_scalars(scalars, desc)
         return scalars, desc
 
     def on_train_end(self, logs=None):

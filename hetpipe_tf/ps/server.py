@@ -65,6 +65,7 @@ class ParameterServers:
         # Largest spread of the clocks after a push during a run: at most D + 1 (a VW that
         # pushed wave c and waits for wave c - D is one ahead of the paper's clock).
         self.max_clock_distance = 0
+        self.run_max_clock_distance = 0  # the same, in the current run
         self._add = tf.function(self._add_impl, reduce_retracing=True)
 
     # --- clocks -------------------------------------------------------------------------
@@ -92,6 +93,7 @@ class ParameterServers:
                     v.assign(x)
             self._pushed = [0] * self.num_workers
             self._released = False
+            self.run_max_clock_distance = 0
 
     def end_run(self) -> None:
         """No more minibatches in this run: release every waiting worker."""
@@ -116,8 +118,9 @@ class ParameterServers:
             self._pushed[worker] = wave + 1
             self.pushes.append(Push(worker, wave, tuple(self._pushed), final))
             if not final:
-                self.max_clock_distance = max(self.max_clock_distance,
-                                              max(self._pushed) - min(self._pushed))
+                spread = max(self._pushed) - min(self._pushed)
+                self.max_clock_distance = max(self.max_clock_distance, spread)
+                self.run_max_clock_distance = max(self.run_max_clock_distance, spread)
             self.push_count += 1
             self.bytes_pushed += sum(int(d.shape.num_elements()) * d.dtype.size for d in deltas)
             self._cond.notify_all()

@@ -128,3 +128,29 @@ def test_report_predicted_vs_measured(fitted):
         assert s.measured_s == pytest.approx(st[(0, s.stage)].time_per_minibatch_s)
     assert cmp.measured_bottleneck == max((0, 1), key=lambda j: st[(0, j)].busy_s)
     assert f"measured {cmp.measured_bottleneck}" in text
+
+
+def test_two_virtual_workers_log_the_measured_clock_distance_and_waits(tmp_path):
+    probe = _model()
+    devices = ["/job:localhost/replica:0/task:0/device:CPU:%d" % i for i in range(4)]
+    plans = [even_plan(probe, devices[0:2], n_m=2),
+             even_plan(probe, devices[2:4], n_m=2, speed_factors=[0.3, 0.3])]
+    strategy = HetPipeStrategy(plan=plans, clock_distance=0)
+    with strategy.scope():
+        model = _model()
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+    x = np.random.RandomState(0).randn(BATCH * 8, 8).astype("float32")
+    y = x[:, :1]
+    monitor = PipelineMonitor(strategy, log_dir=str(tmp_path), report=False,
+                              batch_size=BATCH)
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, callbacks=[monitor])
+    scalars = _scalars(str(tmp_path))
+    coord = strategy.coordinator(model)
+    # Measured per epoch, not the configured D: D = 0 allows a spread of at most 1 wave.
+    assert set(scalars["clock/distance"].values()) <= {0.0, 1.0}
+    assert scalars["clock/bound_D"] == {0: 0.0, 1: 0.0}
+    waits = [scalars[f"vw_{w}/wait_for_global_s"] for w in range(2)]
+    assert sum(sum(w.values()) for w in waits) == pytest.approx(
+        sum(s.wait_s for s in coord.syncs))
+    assert sum(scalars["wsp/pushes"].values()) == len(coord.servers.pushes)
+    strategy.close()

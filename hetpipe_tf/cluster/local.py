@@ -147,3 +147,12 @@ def configure_logical_devices(n: int) -> tuple[str, ...]:
             "before any TensorFlow op runs (e.g. at the top of the program or in a "
             "conftest), or run in a fresh process."
         ) from None
+
+
+def host_cpu_device() -> str:
+    """Full name of this process's CPU device: '/job:localhost/replica:0/task:0/device:CPU:0'
+    alone, or e.g. '/job:chief/replica:0/task:0/device:CPU:0' once connected to a cluster."""
+    import tensorflow as tf
+
+    with tf.init_scope(), tf.device("/device:CPU:0"):
+        return tf.constant(0).device

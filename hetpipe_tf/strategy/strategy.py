@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
+from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.strategy.program import Program
 from hetpipe_tf.strategy.runtime import PipelineRuntime
 from hetpipe_tf.strategy.stage import Stage
@@ -139,7 +140,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 "plan=None and no TF_CONFIG; pass a cluster (hetpipe_tf.cluster) or a plan.")
         if self.n_m is not None:
             check_n_m(self.n_m, max_m, plan)
-        self._host = "/job:localhost/replica:0/task:0/device:CPU:0"
+        self._host = host_cpu_device()
         self._device_of_layer: dict[str, str] = {}
         if plan is not None:
             for s in plan.stages:

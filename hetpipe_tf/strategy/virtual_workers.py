@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
+from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.ps.coordinator import Coordinator
 from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, ps_device
@@ -34,9 +35,6 @@ from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 from hetpipe_tf.strategy.runtime import PipelineRuntime
 from hetpipe_tf.strategy.stage import Stage
-
-HOST_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
-
 
 def _stages(plan: Plan, program, model) -> list[Stage]:
     return [Stage(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
@@ -64,7 +62,7 @@ def variable_ps_devices(program, plans: Sequence[Plan], variables: Sequence, clu
                 "ED-local placement needs the cluster (which node runs which stage). "
                 f"Received: placement={policy.value!r} and no cluster; pass the cluster to "
                 "HetPipeStrategy or use placement='default'.")
-        return [HOST_CPU] * len(variables)
+        return [host_cpu_device()] * len(variables)
     # place_parameters reads only each layer's name and trainable bytes of a profile.
     layers = [types.SimpleNamespace(name=n.name, trainable_param_bytes=n.trainable_param_bytes)
               for n in program.graph.nodes]
@@ -97,9 +95,10 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
     devices = variable_ps_devices(program, plans, variables, cluster, placement, ps_hosts)
     with tf.init_scope():
         initial = [tf.identity(_keras_shim.variable_handle(v)) for v in variables]
-        servers = ParameterServers(initial, devices, len(plans),
-                                   names=[v.path if hasattr(v, "path") else v.name
-                                          for v in variables])
+        with place_locally():  # w_global on its parameter servers' devices
+            servers = ParameterServers(initial, devices, len(plans),
+                                       names=[v.path if hasattr(v, "path") else v.name
+                                              for v in variables])
         index = {id(v): k for k, v in enumerate(variables)}
         metrics_lock = threading.Lock()
         runtimes, syncs = [], []

@@ -164,3 +164,35 @@ def test_bad_virtual_worker_arguments_are_refused_before_training():
     with pytest.raises(ValueError, match="ED-local placement needs the cluster"):
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     assert_weights_close(model.get_weights(), w0)
+
+
+def test_ed_local_keeps_each_stage_parameters_on_its_own_host():
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.strategy import StageSpec, manual_plan
+    cluster = Cluster.local(["LOCAL_CPU"] * 4, hosts=2)   # host0: CPU:0,1; host1: CPU:2,3
+    dev = {d.name: d.tf_device for d in cluster.devices}
+    probe = skip_model(0)
+    plans = [manual_plan(probe, [StageSpec(dev[f"host0/cpu{w}"], 3, name=f"host0/cpu{w}"),
+                                 StageSpec(dev[f"host1/cpu{w}"], 2, name=f"host1/cpu{w}")], 2)
+             for w in range(2)]
+    strategy = HetPipeStrategy(cluster, plan=plans, placement="ed_local")
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(LR), "mse")
+    x, y = regression_data(32, 0)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    coord = strategy.coordinator(model)
+    dev = {k: _short(v) for k, v in dev.items()}
+    where = {v.name.split("/")[1]: _short(v.device) for v in coord.servers.variables}
+    # Stage 0 = d1, d2, d3 on host0 (its PS: CPU:0); stage 1 = add, out on host1 (CPU:2).
+    assert {where[k] for k in ("d1", "d2", "d3")} == {dev["host0/cpu0"]}
+    assert where["out"] == dev["host1/cpu0"]
+    for w, sync in enumerate(coord.syncs):   # w_local on the VW's own stage devices
+        assert {_short(v.device) for v in sync.local} == {dev[f"host0/cpu{w}"],
+                                                          dev[f"host1/cpu{w}"]}
+    strategy.close()
+
+
+def _short(device: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:CPU:2' and '/device:CPU:2' -> 'CPU:2'."""
+    return device.rsplit("device:", 1)[-1]

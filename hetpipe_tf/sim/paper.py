@@ -4,13 +4,35 @@ Calibration (the only one): every model is profiled for the four types of the pa
 times ESTIMATED from the device catalog (roofline, no measurement here); then one factor
 per model multiplies every layer time on every type so that one TITAN V alone (one VW of
 one device, no parameter server) simulates exactly the paper's Table 4 "Single GPU [V]"
-figure at batch 32 (VGG-19 159, ResNet-152 112 images/s). The relative speed of the types,
-the memory model, the PCIe/InfiniBand bandwidths and the Horovod model are the catalog's
-and the simulator's, untouched.
+figure at batch 32 (VGG-19 159, ResNet-152 112 images/s). Nothing is fitted to any other
+cell of Table 4 or to Figure 5.
+
+The setup the paper ran on (TensorFlow 1.12, CUDA 10.0, Horovod over NCCL, Section 8.1) is
+modelled by `PaperSetup` from facts that are documented elsewhere, each a named constant
+below with its source, each printed in the tables' header (docs/paper_reproduction.md):
+
+* tensors between TF tasks (activations across hosts, parameter pushes/pulls to a PS on
+  another host) move through TF's gRPC at `TF_GRPC_BANDWIDTH`, not at the InfiniBand peak;
+  inside a host, PCIe x the Paleo constant 0.7 (Section 7 of the paper);
+* GPU memory TF 1.12 may use: the type's memory minus the CUDA context
+  (`CUDA_CONTEXT_BYTES`) minus TF 1.12's own reserve (`tf112_gpu_memory_limit`);
+* activation memory: HetPipe's partitioner planned with per-layer memory MEASURED by TF's
+  allocation logging (Section 7), i.e. every tensor a layer allocates, and the paper says
+  a more accurate estimate would give better balanced partitions: plans count every
+  layer's output. What a GPU really holds (whether Horovod fits a GPU) is only what TF's
+  gradient functions read (`backward_kept_bytes`);
+* Horovod: NCCL ring, links PCIe x 0.7 inside a host and `IB_FDR_ACHIEVED_BANDWIDTH`
+  across, tensor fusion (64 MB, 5 ms cycles) overlapping the backward pass
+  (`sim.allreduce.HorovodConfig`).
+
+`NOMINAL_SETUP` is the model before these facts (nominal links, every output kept, whole
+GPU memory, Horovod without overlap); `WHAT_IF_SETUP` is the old fit of link bandwidths to
+the paper's own Horovod numbers, a what-if and NOT the reproduction.
 
     from hetpipe_tf.sim import paper
     print(paper.main(cache_dir="/tmp/hetpipe_profiles"))   # all three tables
     paper.table4(cache_dir=...), paper.figure5(cache_dir=...), paper.scaling(cache_dir=...)
+    paper.table4(cache_dir=..., setup=paper.NOMINAL_SETUP)  # the model before
 
 Profiles (10-20 s per keras.applications model) are cached as JSON under `cache_dir`
 (never in the repository); `cache_dir=None` profiles every time.
@@ -19,14 +41,19 @@ Profiles (10-20 s per keras.applications model) are cached as JSON under `cache_
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Sequence
 
 from hetpipe_tf.cluster.allocation import AllocationPolicy
+from hetpipe_tf.cluster.catalog import get_device_type
 from hetpipe_tf.cluster.spec import (INFINIBAND_56G_BANDWIDTH, PCIE3_X16_BANDWIDTH, Cluster,
-                                     Device, Host, paper_cluster)
+                                     Device, Host)
+from hetpipe_tf.partitioner.comm import DEFAULT_INTRA_SCALE
+from hetpipe_tf.partitioner.plan import PartitionError
 from hetpipe_tf.partitioner.profile import ModelProfile
 from hetpipe_tf.ps.placement import PlacementPolicy
+from hetpipe_tf.sim.allreduce import HorovodConfig
 from hetpipe_tf.sim.scenario import ScenarioResult, simulate_scenario, single_device_samples_per_s
 
 PAPER_TYPES = ("TITAN_V", "TITAN_RTX", "RTX_2060", "QUADRO_P4000")
@@ -46,7 +73,168 @@ TABLE4 = {
                   "concurrent": (5, 20, 24, 28)},
 }
 MODEL_TITLES = {"vgg19": "VGG-19", "resnet152": "ResNet-152"}
+WITHIN = 0.25     # the reproduction's target: ours / paper in [0.75, 1.25]
 
+# ------------------------------------------------------------------ setup facts
+MIB = 2**20
+GIB = 2**30
+
+# Throughput of one TensorFlow tensor transfer between two TF tasks over gRPC (RecvTensor),
+# the path TF 1.12 takes between tasks unless built with verbs/MPI (the paper names none).
+# tensorflow/tensorflow#6116 "grpc RecvTensor is slow": after the gRPC upgrade of 2017,
+# benchmark_grpc_recv.py reached 800 MB/s ("fully utilizes a 10Gbps link", 2017-08-09);
+# other runs in the same thread: 288 and ~500 MB/s. The best figure is used.
+TF_GRPC_BANDWIDTH = 0.8e9
+# What NCCL moves over 56 Gb/s FDR InfiniBand from a PCIe 3.0 x8 adapter: "you should see
+# 52~53Gbps on each port" (Mellanox community, FDR in a PCIe Gen3 x8 slot); 52.5 Gb/s.
+IB_FDR_ACHIEVED_BANDWIDTH = 52.5e9 / 8
+# GPU memory a process's CUDA context (driver, kernels of CUDA/cuDNN/cuBLAS) takes before
+# TF allocates anything: "around 300MB to 400MB" per process at CUDA init (pytorch/pytorch
+# #20532, 2019, CUDA 10); 200-700 MB by machine (pytorch/pytorch#28113, CUDA 10.1).
+CUDA_CONTEXT_BYTES = 400 * MIB
+
+
+def tf112_gpu_memory_limit(total_bytes: int, context_bytes: int = CUDA_CONTEXT_BYTES) -> int:
+    """Bytes TF 1.12's GPU allocator may use on a GPU of `total_bytes` (default options).
+
+    TF 1.12 common_runtime/gpu/gpu_device.cc: available = free memory after the CUDA
+    context; MinSystemMemory(available) = 225 MiB if available < 2 GiB, else
+    max(300 MiB, 0.05 x available); the allocator gets available - that.
+    """
+    available = total_bytes - context_bytes
+    if available <= 0:
+        raise ValueError(f"The CUDA context does not fit the GPU. Received: "
+                         f"total_bytes={total_bytes}, context_bytes={context_bytes}.")
+    reserve = 225 * MIB if available < 2 * GIB else max(300 * MIB, int(available * 0.05))
+    return available - reserve if reserve < available else available
+
+
+# Which forward tensors TF's gradient functions read (tensorflow/python/ops/nn_grad.py,
+# math_grad.py, array_grad.py of TF 1.x): Conv2D/MatMul read their input (and filter),
+# FusedBatchNorm reads x, MaxPool reads its input and output, Relu/Softmax/Sigmoid/Tanh/Elu
+# read their own output; Add, Pad, Reshape, Mean (global pooling) and AvgPool read shapes
+# only. A layer's output is kept for the backward pass iff a consumer's gradient reads its
+# input or the layer's own gradient reads its output. Unknown layer classes keep their
+# output (the conservative old rule).
+_GRAD_READS_INPUT = frozenset({"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D",
+                               "SeparableConv2D", "Dense", "BatchNormalization",
+                               "LayerNormalization", "MaxPooling1D", "MaxPooling2D",
+                               "MaxPooling3D"})
+_GRAD_READS_OUTPUT_CLASSES = frozenset({"MaxPooling1D", "MaxPooling2D", "MaxPooling3D",
+                                        "Softmax", "ReLU", "ELU"})
+_ACTIVATIONS_READING_OUTPUT = frozenset({"relu", "softmax", "sigmoid", "tanh", "elu"})
+_GRAD_READS_NOTHING = frozenset({"Add", "Subtract", "Average", "Concatenate", "ZeroPadding1D",
+                                 "ZeroPadding2D", "ZeroPadding3D", "Flatten", "Reshape",
+                                 "GlobalAveragePooling1D", "GlobalAveragePooling2D",
+                                 "GlobalAveragePooling3D", "AveragePooling1D",
+                                 "AveragePooling2D", "AveragePooling3D", "InputLayer",
+                                 "Permute", "Cropping2D"})
+
+
+def backward_kept_bytes(nodes: Sequence[Any], activation_name: Sequence[str | None]
+                        ) -> list[int]:
+    """Per node, bytes per sample of its outputs that the backward pass keeps (rule above).
+
+    nodes: `LayerGraph.nodes` (class_name, inputs, output_bytes); activation_name[i]: the
+    name of node i's `activation` attribute ("relu", "linear", ...) or None.
+    """
+    kept: set[tuple[int, int]] = set()
+    for node, act in zip(nodes, activation_name):
+        cls = node.class_name
+        if cls in _GRAD_READS_INPUT:
+            kept.update((r.node, r.index) for r in node.inputs if r.node >= 0)
+        reads_output = (cls in _GRAD_READS_OUTPUT_CLASSES
+                        or (act in _ACTIVATIONS_READING_OUTPUT))
+        unknown = (cls not in _GRAD_READS_INPUT and cls not in _GRAD_READS_OUTPUT_CLASSES
+                   and cls not in _GRAD_READS_NOTHING and cls != "Activation")
+        if reads_output or unknown:
+            kept.update((node.index, k) for k in range(len(node.output_shapes)))
+    return [sum(n.output_bytes(k) for k in range(len(n.output_shapes))
+                if (n.index, k) in kept) for n in nodes]
+
+
+def with_kept_activations(profile: ModelProfile, kept_per_sample: Sequence[int]) -> ModelProfile:
+    """`profile` whose activation_bytes are `kept_per_sample` x its batch size."""
+    if len(kept_per_sample) != len(profile.layers):
+        raise ValueError(f"Need one byte count per layer. Received: {len(kept_per_sample)} "
+                         f"for {len(profile.layers)} layers.")
+    layers = tuple(dataclasses.replace(l, activation_bytes=int(k) * profile.batch_size)
+                   for l, k in zip(profile.layers, kept_per_sample))
+    return dataclasses.replace(profile, layers=layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperSetup:
+    """How the paper's testbed is modelled (module doc); every field is printed.
+
+    intra_bandwidth: a host's PCIe (the partitioner and the PS links use it x 0.7).
+    inter_bandwidth: bytes/s of a TF tensor transfer between hosts (activations, PS).
+    tf_gpu_memory: GPUs offer `tf112_gpu_memory_limit` bytes (else their whole memory).
+    plan_kept_activations: HetPipe's plans count only the activations the backward pass
+      keeps (else every layer's output, as the paper's measured per-layer memory did).
+    horovod_kept_activations: the same choice for Horovod's memory check.
+    horovod: the Horovod model (None = the no-overlap bound on the cluster's links).
+    """
+
+    name: str = "TF 1.12 setup"
+    intra_bandwidth: float = PCIE3_X16_BANDWIDTH
+    inter_bandwidth: float = TF_GRPC_BANDWIDTH
+    tf_gpu_memory: bool = True
+    cuda_context_bytes: int = CUDA_CONTEXT_BYTES
+    plan_kept_activations: bool = False
+    horovod_kept_activations: bool = True
+    horovod: HorovodConfig | None = HorovodConfig(inter_bandwidth=IB_FDR_ACHIEVED_BANDWIDTH)
+
+    def describe(self) -> list[str]:
+        gb = 1e9
+        lines = [f"Setup '{self.name}' (constants and sources: docs/paper_reproduction.md):",
+                 f"  PCIe inside a host: {self.intra_bandwidth / gb:.2f} GB/s x "
+                 f"{DEFAULT_INTRA_SCALE} (paper Section 7, Paleo scaling-down constant) "
+                 f"= {self.intra_bandwidth * DEFAULT_INTRA_SCALE / gb:.2f} GB/s "
+                 "(activations inside a host, PS on the same host)"]
+        src = ("TF_GRPC_BANDWIDTH, tensorflow#6116" if self.inter_bandwidth == TF_GRPC_BANDWIDTH
+               else "nominal 56 Gb/s InfiniBand" if self.inter_bandwidth
+               == INFINIBAND_56G_BANDWIDTH else "WHAT-IF value")
+        lines.append(f"  TF tensor transfer across hosts: {self.inter_bandwidth / gb:.2f} GB/s "
+                     f"({src}; activations across hosts, PS on another host)")
+        if self.tf_gpu_memory:
+            limit = [tf112_gpu_memory_limit(get_device_type(t).memory_bytes,
+                                            self.cuda_context_bytes) for t in PAPER_TYPES]
+            mem = ", ".join(f"{t} {b / GIB:.2f}" for t, b in zip(PAPER_TYPES, limit))
+            lines.append(f"  GPU memory for TF: type memory - CUDA context "
+                         f"{self.cuda_context_bytes / MIB:.0f} MiB (CUDA_CONTEXT_BYTES) - TF 1.12 "
+                         f"reserve max(300 MiB, 5%): {mem} GiB (x 0.9 usable, cost model)")
+        else:
+            lines.append("  GPU memory: the type's whole memory (x 0.9 usable, cost model)")
+        rule = {True: "tensors TF's gradient functions read (backward_kept_bytes)",
+                False: "every layer's output"}
+        lines.append(f"  Activation memory: HetPipe plans {rule[self.plan_kept_activations]}"
+                     + ("" if self.plan_kept_activations else " (paper Section 7: measured "
+                        "per-layer allocations)")
+                     + f"; Horovod's fit check {rule[self.horovod_kept_activations]}")
+        h = self.horovod
+        if h is None:
+            lines.append("  Horovod: ring all-reduce after the whole backward pass, no "
+                         "fusion; links: PCIe x 0.7 inside, the cross-host bandwidth above")
+        else:
+            inter = (h.inter_bandwidth or self.inter_bandwidth) / gb
+            lines.append(f"  Horovod: NCCL ring, PCIe x 0.7 inside a host, {inter:.2f} GB/s "
+                         f"across (IB_FDR_ACHIEVED_BANDWIDTH); fusion "
+                         f"{h.fusion_threshold_bytes / MIB:.0f} MiB, cycle "
+                         f"{h.cycle_time_s * 1e3:g} ms, overlap with backward: {h.overlap} "
+                         "(Horovod <= 0.20 defaults)")
+        return lines
+
+
+PAPER_SETUP = PaperSetup()
+# The model before the setup facts (what docs/paper_reproduction.md calls "before").
+NOMINAL_SETUP = PaperSetup(name="nominal (before)", inter_bandwidth=INFINIBAND_56G_BANDWIDTH,
+                           tf_gpu_memory=False, horovod_kept_activations=False, horovod=None)
+# WHAT-IF, NOT the reproduction: link bandwidths fitted to the paper's own Horovod cells
+# (VGG-19 4 [V] -> ~1.5 GB/s inside a host, 8 [VR] -> ~1.0 GB/s across hosts).
+WHAT_IF_SETUP = dataclasses.replace(NOMINAL_SETUP, name="WHAT-IF fitted to paper's Horovod",
+                                    intra_bandwidth=1.5e9 / DEFAULT_INTRA_SCALE,
+                                    inter_bandwidth=1e9)
 
 # ------------------------------------------------------------------ profiles
 
@@ -97,30 +285,79 @@ def calibrate(profile: ModelProfile, single_gpu_samples_per_s: float,
     return scale_times(profile, f), f
 
 
-def paper_profile(model_name: str, cache_dir: str | None = None) -> tuple[ModelProfile, float]:
-    """The calibrated profile of "vgg19" or "resnet152" and its calibration factor."""
-    return calibrate(estimated_profile(model_name, cache_dir), SINGLE_GPU[model_name])
+def kept_activation_bytes(model_name: str, cache_dir: str | None = None) -> list[int]:
+    """`backward_kept_bytes` per layer (per sample) of a models.build_model model, cached
+    as JSON in `cache_dir` under <model>_kept.json."""
+    path = os.path.join(cache_dir, f"{model_name}_kept.json") if cache_dir else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return [int(x) for x in json.load(f)]
+    from hetpipe_tf.models import build_model
+    from hetpipe_tf.partitioner.layer_graph import LayerGraph
+    graph = LayerGraph.from_model(build_model(model_name))
+    acts = []
+    for node in graph.nodes:
+        act = getattr(graph.layer_of(node.index), "activation", None)
+        acts.append(getattr(act, "__name__", None))
+    kept = backward_kept_bytes(graph.nodes, acts)
+    if path:
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = path + f".tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(kept, f)
+        os.replace(tmp, path)
+    return kept
+
+
+def paper_profile(model_name: str, cache_dir: str | None = None, *,
+                  kept_activations: bool = False) -> tuple[ModelProfile, float]:
+    """The calibrated profile of "vgg19" or "resnet152" and its calibration factor; with
+    `kept_activations`, activation memory by the backward-pass rule (times unchanged)."""
+    profile, factor = calibrate(estimated_profile(model_name, cache_dir),
+                                SINGLE_GPU[model_name])
+    if kept_activations:
+        profile = with_kept_activations(profile, kept_activation_bytes(model_name, cache_dir))
+    return profile, factor
+
+
+def _profiles(model_name: str, cache_dir: str | None, setup: PaperSetup
+              ) -> tuple[ModelProfile, ModelProfile, float]:
+    """(profile HetPipe plans with, profile Horovod is checked with, calibration factor)."""
+    plan, factor = (paper_profile(model_name, cache_dir, kept_activations=True)
+                    if setup.plan_kept_activations else paper_profile(model_name, cache_dir))
+    if setup.horovod_kept_activations == setup.plan_kept_activations:
+        return plan, plan, factor
+    hv, _ = (paper_profile(model_name, cache_dir, kept_activations=True)
+             if setup.horovod_kept_activations else paper_profile(model_name, cache_dir))
+    return plan, hv, factor
 
 
 # ------------------------------------------------------------------ clusters and runs
 
 
-def subcluster(letters: str, gpus_per_host: int = 4, *,
-               intra_bandwidth: float = PCIE3_X16_BANDWIDTH,
-               inter_bandwidth: float = INFINIBAND_56G_BANDWIDTH) -> Cluster:
+def subcluster(letters: str, gpus_per_host: int = 4, *, setup: PaperSetup = PAPER_SETUP,
+               intra_bandwidth: float | None = None,
+               inter_bandwidth: float | None = None) -> Cluster:
     """Hosts of the paper's cluster, one per letter ("VRQ" = TITAN V, TITAN RTX, Quadro
-    P4000 hosts), each with `gpus_per_host` GPUs, PCIe 3 x16 inside, 56 Gb/s InfiniBand
-    (other bandwidths only for what-if runs)."""
+    P4000 hosts), each with `gpus_per_host` GPUs; links and GPU memory as `setup` models
+    them (bandwidth arguments override the setup's, for what-if runs)."""
+    intra = intra_bandwidth or setup.intra_bandwidth
+    inter = inter_bandwidth or setup.inter_bandwidth
     hosts = []
     for i, letter in enumerate(letters):
         name = f"host{i}"
+        type_name = LETTER_TYPE[letter]
+        memory = (tf112_gpu_memory_limit(get_device_type(type_name).memory_bytes,
+                                         setup.cuda_context_bytes)
+                  if setup.tf_gpu_memory else None)
         devices = tuple(
-            Device(name=f"{name}/gpu{k}", type_name=LETTER_TYPE[letter], host=name,
-                   tf_device=f"/job:worker/replica:0/task:{i}/device:GPU:{k}")
+            Device(name=f"{name}/gpu{k}", type_name=type_name, host=name,
+                   tf_device=f"/job:worker/replica:0/task:{i}/device:GPU:{k}",
+                   memory_bytes=memory)
             for k in range(gpus_per_host))
-        hosts.append(Host(name=name, devices=devices, intra_bandwidth=intra_bandwidth,
+        hosts.append(Host(name=name, devices=devices, intra_bandwidth=intra,
                           task=("worker", i)))
-    return Cluster(hosts=tuple(hosts), inter_bandwidth=inter_bandwidth)
+    return Cluster(hosts=tuple(hosts), inter_bandwidth=inter)
 
 
 def best_n_m(profile: ModelProfile, cluster: Cluster, policy: AllocationPolicy | str,
@@ -141,123 +378,168 @@ def best_n_m(profile: ModelProfile, cluster: Cluster, policy: AllocationPolicy |
 
 def _ratio(ours: float | None, theirs: float | None) -> str:
     if ours is None or theirs is None or not theirs:
-        return "  -  "
-    return f"{ours / theirs:5.2f}"
+        return "-"
+    return f"{ours / theirs:.2f}"
 
 
 def _cell(v: float | None) -> str:
     return "X" if v is None else f"{v:.0f}"
 
 
+def _triple(ours: float | None, theirs: float | None, note: str = "") -> str:
+    """"ours/paper=ratio", with "!" when the ratio is outside the 25% target."""
+    r = _ratio(ours, theirs)
+    flag = ""
+    if ours is not None and theirs:
+        flag = "" if abs(ours / theirs - 1) <= WITHIN else "!"
+    return f"{_cell(ours)}{note}/{_cell(theirs)}={r}{flag}"
+
+
 CALIBRATION_NOTE = (
-    "Calibration: layer times ESTIMATED from the device catalog (roofline), then ONE factor "
-    "per model scales every layer on every type so that one TITAN V alone simulates the "
-    "paper's Table 4 'Single GPU [V]' (VGG-19 159, ResNet-152 112 images/s, batch 32). "
-    "Nothing else is fitted: type speeds, memory model, PCIe/InfiniBand bandwidths and the "
-    "Horovod model are the catalog's and the simulator's.")
+    "Per-layer times are calibrated ONLY on Table 4's 'Single GPU [V]' figures: layer times "
+    "ESTIMATED from the device catalog (roofline), then ONE factor per model scales every "
+    "layer on every type so that one TITAN V alone simulates VGG-19 159 and ResNet-152 112 "
+    "images/s (batch 32). No other cell of Table 4 and nothing of Figure 5 is used as input.")
+
+
+def _header(setup: PaperSetup) -> list[str]:
+    return [CALIBRATION_NOTE] + setup.describe() + [""]
 
 
 def table4(cache_dir: str | None = None, models: Sequence[str] = ("vgg19", "resnet152"),
-           num_waves: int = 10, **bandwidths: float) -> str:
+           num_waves: int = 10, setup: PaperSetup = PAPER_SETUP, **bandwidths: float) -> str:
     """Table 4: Horovod and HetPipe (ED-local; 1 VW for 4 GPUs, else 4 VWs) beside the paper.
 
     HetPipe rows: N_m = the paper's own (its parenthesised total / VWs), and the largest
     every VW fits in our memory model (N_m shown in parentheses as total, like the paper).
+    `bandwidths` (intra_bandwidth=, inter_bandwidth=) override the setup's: what-if runs.
     """
-    lines = [CALIBRATION_NOTE, ""]
     if bandwidths:
-        lines = [f"WHAT-IF bandwidths {bandwidths} (not the paper's nominal links)"] + lines
-    hdr = f"{'model':10} {'row':22} " + " ".join(f"{c:>22}" for c in
+        setup = dataclasses.replace(setup, name=f"{setup.name} + WHAT-IF {bandwidths}",
+                                    **bandwidths)
+    lines = _header(setup)
+    hdr = f"{'model':10} {'row':22} " + " ".join(f"{c:>24}" for c in
                                                  ("4 [V]", "8 [VR]", "12 [VRQ]", "16 [VRQG]"))
-    lines += [hdr, "(each cell: ours / paper = ratio; (n) = concurrent minibatches)"]
+    lines += [hdr, "(each cell: ours/paper=ratio, '!' = outside 25%; (n) = concurrent "
+              "minibatches over all VWs; [k GPUs] = Horovod on the k GPUs the model fits)"]
+    inside = total = 0
     for m in models:
-        profile, factor = paper_profile(m, cache_dir)
+        profile, hv_profile, factor = _profiles(m, cache_dir, setup)
         paper = TABLE4[m]
         rows: dict[str, list[str]] = {"Horovod": [], "HetPipe N_m as paper": [],
                                       "HetPipe N_m max fit": []}
         for c, letters in enumerate(TABLE4_COLUMNS):
-            cluster = subcluster(letters, **bandwidths)
+            cluster = subcluster(letters, setup=setup)
             vws = 1 if letters == "V" else 4
             nm_paper = paper["concurrent"][c] // vws
-            kw = dict(num_virtual_workers=vws, num_waves=num_waves)
-            r_paper = simulate_scenario(profile, cluster, "ED", "ed_local", n_m=nm_paper, **kw)
+            kw = dict(num_virtual_workers=vws, num_waves=num_waves,
+                      horovod_config=setup.horovod, horovod_profile=hv_profile)
             r_max = simulate_scenario(profile, cluster, "ED", "ed_local", **kw)
-            hv = r_paper.horovod.samples_per_s if r_paper.horovod.devices else None
-            if hv is not None and r_paper.horovod.excluded:
-                note = f"[{len(r_paper.horovod.devices)} GPUs]"
-            else:
-                note = ""
-            rows["Horovod"].append(f"{_cell(hv)}{note}/{_cell(paper['Horovod'][c])}="
-                                   f"{_ratio(hv, paper['Horovod'][c]).strip()}")
-            rows["HetPipe N_m as paper"].append(
-                f"{r_paper.samples_per_s:.0f}({nm_paper * vws})/{paper['HetPipe'][c]}="
-                f"{_ratio(r_paper.samples_per_s, paper['HetPipe'][c]).strip()}")
-            rows["HetPipe N_m max fit"].append(
-                f"{r_max.samples_per_s:.0f}({r_max.n_m * vws})/{paper['HetPipe'][c]}="
-                f"{_ratio(r_max.samples_per_s, paper['HetPipe'][c]).strip()}")
+            try:
+                r_paper = simulate_scenario(profile, cluster, "ED", "ed_local", n_m=nm_paper,
+                                            **kw)
+                hp_paper = _triple(r_paper.samples_per_s, paper["HetPipe"][c],
+                                   f"({nm_paper * vws})")
+            except PartitionError:
+                r_paper, hp_paper = None, f"N_m {nm_paper} does not fit"
+            hv_r = r_max.horovod
+            hv = hv_r.samples_per_s if hv_r.devices else None
+            note = f"[{len(hv_r.devices)} GPUs]" if hv is not None and hv_r.excluded else ""
+            rows["Horovod"].append(_triple(hv, paper["Horovod"][c], note))
+            rows["HetPipe N_m as paper"].append(hp_paper)
+            rows["HetPipe N_m max fit"].append(_triple(r_max.samples_per_s,
+                                                       paper["HetPipe"][c],
+                                                       f"({r_max.n_m * vws})"))
+            for ours, theirs in ((hv, paper["Horovod"][c]),
+                                 (r_paper.samples_per_s if r_paper else None,
+                                  paper["HetPipe"][c])):
+                if theirs:
+                    total += 1
+                    inside += ours is not None and abs(ours / theirs - 1) <= WITHIN
         lines.append(f"{MODEL_TITLES[m]:10} {'single V (calibrated)':22} "
                      f"{SINGLE_GPU[m]:.0f}/{SINGLE_GPU[m]:.0f}=1.00 (factor {factor:.3f} "
                      "on the catalog estimate)")
         for name, cells in rows.items():
-            lines.append(f"{'':10} {name:22} " + " ".join(f"{x:>22}" for x in cells))
+            lines.append(f"{'':10} {name:22} " + " ".join(f"{x:>24}" for x in cells))
+    lines.append(f"Within 25% (Horovod and HetPipe at the paper's N_m): {inside} of {total} "
+                 "cells")
     return "\n".join(lines)
 
 
 FIGURE5_POLICIES = (("NP", "default"), ("ED", "default"), ("HD", "default"),
                     ("ED-local", "ed_local"))
-# Section 8.3's statements about Figure 5 (no numbers are printed in the text).
+# Section 8.3's statements about Figure 5 (the bars' numbers are not in our copy).
 FIGURE5_PAPER = {
     "vgg19": "ED-local highest (1.8x Horovod); Horovod > NP, ED, HD; NP lowest",
     "resnet152": "ED-local highest (1.4x Horovod); ED, HD >= Horovod (12 GPUs); NP lowest",
 }
+# Section 8.3's numbers: ED-local / Horovod throughput, and MB crossing hosts per minibatch
+# (the paper's MB are MiB: its "548MB" of VGG-19 parameters are 574.7e6 bytes; its Horovod
+# figures are twice one ring's crossing bytes, i.e. counted when sent and when received).
+FIGURE5_NUMBERS = {
+    "vgg19": {"ED-local/Horovod": 1.8, "ED-local MiB": 103, "Horovod MiB": 515},
+    "resnet152": {"ED-local/Horovod": 1.4, "ED-local MiB": 298, "Horovod MiB": 211},
+}
 
 
 def figure5(cache_dir: str | None = None, models: Sequence[str] = ("vgg19", "resnet152"),
-            num_waves: int = 10, max_n_m: int | None = None) -> str:
+            num_waves: int = 10, max_n_m: int | None = None,
+            setup: PaperSetup = PAPER_SETUP) -> str:
     """Figure 5: NP, ED, HD (Table 3's VVQQ/RRGG with the paper's measured ranking) and
     ED-local on the 16-GPU cluster at D=0; N_m = the largest every VW fits, and the N_m
     maximising simulated throughput (the paper's own wording) beside it."""
-    lines = [CALIBRATION_NOTE, "",
-             f"{'model':10} {'policy':9} {'VWs':20} {'N_m max':>7} {'samples/s':>9} "
-             f"{'N_m best':>8} {'samples/s':>9} {'MB across/minibatch':>19}"]
-    cluster = paper_cluster()
+    lines = _header(setup) + [
+        f"{'model':10} {'policy':9} {'VWs':20} {'N_m max':>7} {'samples/s':>9} "
+        f"{'N_m best':>8} {'samples/s':>9} {'MiB across/minibatch':>20}"]
+    cluster = subcluster("VRGQ", setup=setup)
     for m in models:
-        profile, _ = paper_profile(m, cache_dir)
+        profile, hv_profile, _ = _profiles(m, cache_dir, setup)
         got: dict[str, float] = {}
+        across: dict[str, float] = {}
         hv = None
         for label, placement in FIGURE5_POLICIES:
             policy = "ED" if label == "ED-local" else label
             top, best = best_n_m(profile, cluster, policy, placement, num_waves=num_waves,
-                                 ranking=PAPER_RANKING, max_n_m=max_n_m)
+                                 ranking=PAPER_RANKING, max_n_m=max_n_m,
+                                 horovod_config=setup.horovod, horovod_profile=hv_profile)
             hv = top.horovod
             got[label] = top.samples_per_s
             got[label + "*"] = best.samples_per_s
+            across[label] = best.bytes_across_hosts_per_minibatch / MIB
             lines.append(f"{MODEL_TITLES[m]:10} {label:9} {','.join(top.compositions):20} "
                          f"{top.n_m:7} {top.samples_per_s:9.0f} {best.n_m:8} "
-                         f"{best.samples_per_s:9.0f} "
-                         f"{best.bytes_across_hosts_per_minibatch / 1e6:19.0f}")
+                         f"{best.samples_per_s:9.0f} {across[label]:20.0f}")
+        hv_mib = hv.bytes_inter_host / MIB / len(hv.devices) if hv.devices else 0.0
         lines.append(f"{MODEL_TITLES[m]:10} {'Horovod':9} {len(hv.devices):2} GPUs"
                      f"{' (' + str(len(hv.excluded)) + ' lack memory)' if hv.excluded else '':14}"
-                     f" {'':7} {hv.samples_per_s:9.0f} {'':8} {'':9} "
-                     f"{hv.bytes_inter_host / 1e6 / len(hv.devices):19.0f}")
+                     f" {'':7} {hv.samples_per_s:9.0f} {'':8} {'':9} {hv_mib:20.0f}")
         order_max = " > ".join(f"{k} {got[k]:.0f}" for k in sorted(
             (k for k in got if not k.endswith("*")), key=lambda k: -got[k]))
         order_best = " > ".join(f"{k[:-1]} {got[k]:.1f}" for k in sorted(
             (k for k in got if k.endswith("*")), key=lambda k: -got[k]))
         lines.append(f"{'':10} ordering (N_m max):  {order_max}; Horovod {hv.samples_per_s:.0f}")
-        lines.append(f"{'':10} ordering (N_m best): {order_best}")
+        lines.append(f"{'':10} ordering (N_m best): {order_best}; Horovod "
+                     f"{hv.samples_per_s:.1f}")
         lines.append(f"{'':10} paper (Section 8.3): {FIGURE5_PAPER[m]}")
+        num = FIGURE5_NUMBERS[m]
+        lines.append(
+            f"{'':10} Section 8.3 numbers, ours/paper=ratio: ED-local/Horovod "
+            f"{got['ED-local*'] / hv.samples_per_s:.2f}/{num['ED-local/Horovod']}="
+            f"{got['ED-local*'] / hv.samples_per_s / num['ED-local/Horovod']:.2f}; MiB across "
+            f"hosts per minibatch: ED-local {_triple(across['ED-local'], num['ED-local MiB'])}, "
+            f"Horovod (sent+received, 2x ring crossing) "
+            f"{_triple(2 * hv_mib, num['Horovod MiB'])}")
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ scaling
 
 
-def mixed_cluster(num_hosts: int, gpus_per_host: int = 4,
-                  letters: str = "VRGQ") -> Cluster:
+def mixed_cluster(num_hosts: int, gpus_per_host: int = 4, letters: str = "VRGQ", *,
+                  setup: PaperSetup = PAPER_SETUP) -> Cluster:
     """`num_hosts` hosts of `gpus_per_host` GPUs, host i of type letters[i % len(letters)]."""
     return subcluster("".join(letters[i % len(letters)] for i in range(num_hosts)),
-                      gpus_per_host)
+                      gpus_per_host, setup=setup)
 
 
 def blocked_ed(cluster: Cluster, hosts_per_block: int = 4) -> tuple[tuple[Device, ...], ...]:
@@ -274,14 +556,14 @@ def blocked_ed(cluster: Cluster, hosts_per_block: int = 4) -> tuple[tuple[Device
 
 def scaling(cache_dir: str | None = None, model: str = "resnet152",
             gpus: Sequence[int] = (64, 256, 1024), num_waves: int = 4,
-            n_m: int | None = 4) -> str:
+            n_m: int | None = 4, setup: PaperSetup = PAPER_SETUP) -> str:
     """Throughput, planning and simulation wall time for 64/256/1024 mixed GPUs.
 
     Hosts of 4 GPUs cycle through V, R, G, Q; each block of 4 hosts is split by ED into 4
     VWs "VRGQ" (so VWs = GPUs / 4); default placement over one PS per host. All VWs have
     the same composition, so the partitioner runs once; planning time is that run.
     """
-    profile, _ = paper_profile(model, cache_dir)
+    profile, hv_profile, _ = _profiles(model, cache_dir, setup)
     lines = [f"Scaling, {MODEL_TITLES.get(model, model)}, batch {profile.batch_size}, "
              f"VWs of VRGQ by ED per 4 hosts, default placement, D=0, N_m="
              f"{n_m if n_m else 'max fit'}, {num_waves} waves (calibrated as Table 4)",
@@ -289,9 +571,10 @@ def scaling(cache_dir: str | None = None, model: str = "resnet152",
              f"{'per GPU':>7} {'Horovod':>8} {'plan s':>7} {'sim s':>7} "
              f"{'MB across/mb':>12}"]
     for g in gpus:
-        cluster = mixed_cluster(g // 4)
+        cluster = mixed_cluster(g // 4, setup=setup)
         r = simulate_scenario(profile, cluster, "ED", "default", n_m=n_m,
-                              num_waves=num_waves, virtual_workers=blocked_ed(cluster))
+                              num_waves=num_waves, virtual_workers=blocked_ed(cluster),
+                              horovod_config=setup.horovod, horovod_profile=hv_profile)
         lines.append(f"{g:5} {g // 4:5} {len(r.plans):4} {r.distinct_plans:5} {r.n_m:3} "
                      f"{r.samples_per_s:10.0f} {r.samples_per_s / g:7.1f} "
                      f"{r.horovod.samples_per_s:8.0f} {r.planning_wall_s:7.2f} "
@@ -300,9 +583,9 @@ def scaling(cache_dir: str | None = None, model: str = "resnet152",
     return "\n".join(lines)
 
 
-def main(cache_dir: str | None = None) -> str:
+def main(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP) -> str:
     """Table 4, Figure 5 and the scaling table as one text."""
     return "\n\n".join([
-        "== Table 4 (simulated vs paper) ==", table4(cache_dir),
-        "== Figure 5 (16 GPUs, D=0) ==", figure5(cache_dir),
-        "== Scaling ==", scaling(cache_dir)])
+        "== Table 4 (simulated vs paper) ==", table4(cache_dir, setup=setup),
+        "== Figure 5 (16 GPUs, D=0) ==", figure5(cache_dir, setup=setup),
+        "== Scaling ==", scaling(cache_dir, setup=setup)])

@@ -25,7 +25,7 @@ from hetpipe_tf.cluster.spec import Cluster, Device, Host
 from hetpipe_tf.partitioner.milp import plan_virtual_workers
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, traffic
-from hetpipe_tf.sim.allreduce import AllReduceResult, horovod
+from hetpipe_tf.sim.allreduce import AllReduceResult, HorovodConfig, horovod
 from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.sim.model import SimConfig, from_plan
 from hetpipe_tf.sim.result import SimResult
@@ -140,7 +140,9 @@ def simulate_scenario(profile: Any, cluster: Cluster, policy: AllocationPolicy |
                       ranking: Sequence[str] | None = None, *,
                       num_virtual_workers: int | None = None,
                       virtual_workers: Sequence[Sequence[Device]] | None = None,
-                      limit: int = 32) -> ScenarioResult:
+                      limit: int = 32,
+                      horovod_config: HorovodConfig | None = HorovodConfig(),
+                      horovod_profile: Any = None) -> ScenarioResult:
     """Allocate, plan, place parameters and simulate HetPipe on `cluster`; Horovod beside.
 
     profile: a `ModelProfile` with times for every device type of the cluster; rescaled to
@@ -149,9 +151,16 @@ def simulate_scenario(profile: Any, cluster: Cluster, policy: AllocationPolicy |
       `virtual_workers` (device tuples) are given.
     ranking: device types fastest first for HD (default: the profile's times).
     n_m: minibatches in flight per VW; None = the largest every VW fits.
+    horovod_config: how the Horovod baseline is modelled (`sim.allreduce`); None = the
+      no-overlap bound.
+    horovod_profile: the profile the baseline uses (same layers and times; e.g. another
+      memory rule); None = `profile`.
     """
+    horovod_profile = horovod_profile or profile
     if batch_size is not None and batch_size != profile.batch_size:
         profile = profile.scaled(batch_size)
+    if batch_size is not None and batch_size != horovod_profile.batch_size:
+        horovod_profile = horovod_profile.scaled(batch_size)
     policy = AllocationPolicy.parse(policy)
     placement = PlacementPolicy.parse(placement)
     if virtual_workers is None:
@@ -171,7 +180,8 @@ def simulate_scenario(profile: Any, cluster: Cluster, policy: AllocationPolicy |
     result = simulate(sim_vws, SimConfig(n_m=chosen_n_m, clock_distance=clock_distance,
                                          num_waves=num_waves), cluster)
     sim_wall = time.perf_counter() - start
-    baseline = horovod(profile, [d for vw in vws for d in vw], cluster)
+    baseline = horovod(horovod_profile, [d for vw in vws for d in vw], cluster,
+                       config=horovod_config)
     return ScenarioResult(policy=policy, placement=placement,
                           compositions=tuple(type_string(vw) for vw in vws), plans=plans,
                           n_m=chosen_n_m, sim=result, horovod=baseline,

@@ -88,11 +88,80 @@ def test_blocked_ed_plans_once_for_many_identical_vws():
 
 def test_text_tables_run_on_a_stand_in_profile(monkeypatch):
     monkeypatch.setattr(paper, "paper_profile",
-                        lambda m, cache_dir=None: paper.calibrate(tiny_profile(),
-                                                                  paper.SINGLE_GPU[m]))
+                        lambda m, cache_dir=None, **kw: paper.calibrate(tiny_profile(),
+                                                                        paper.SINGLE_GPU[m]))
     t4 = paper.table4(models=("vgg19",), num_waves=2)
-    assert "Horovod" in t4 and "HetPipe" in t4 and "Calibration" in t4
+    assert "Horovod" in t4 and "HetPipe" in t4 and "Single GPU [V]" in t4
+    assert "Within 25%" in t4 and "TF_GRPC_BANDWIDTH" in t4 and "CUDA_CONTEXT_BYTES" in t4
     f5 = paper.figure5(models=("resnet152",), num_waves=2, max_n_m=3)
     assert "ED-local" in f5 and "ordering" in f5
     sc = paper.scaling(gpus=(16,), num_waves=2)
     assert "samples/s" in sc
+
+
+# ---------------------------------------------------------------- setup facts
+import dataclasses  # noqa: E402
+
+from hetpipe_tf.cluster.catalog import get_device_type  # noqa: E402
+from hetpipe_tf.partitioner.layer_graph import TensorRef  # noqa: E402
+
+MIB = 2**20
+
+
+def test_tf112_memory_limit_follows_gpu_device_cc():
+    # 12 GiB - 400 MiB context = 11888 MiB available; reserve max(300 MiB, 5%) = 5%.
+    assert paper.tf112_gpu_memory_limit(12 * 2**30, 400 * MIB) == int(11888 * MIB) - int(
+        11888 * MIB * 0.05)
+    # 2 GiB - 400 MiB = 1648 MiB < 2 GiB: reserve 225 MiB.
+    assert paper.tf112_gpu_memory_limit(2 * 2**30, 400 * MIB) == (1648 - 225) * MIB
+    # 4 GiB - 400 MiB = 3696 MiB: 5% = 184.8 MiB < 300 MiB, so 300 MiB.
+    assert paper.tf112_gpu_memory_limit(4 * 2**30, 400 * MIB) == (3696 - 300) * MIB
+    with pytest.raises(ValueError):
+        paper.tf112_gpu_memory_limit(100 * MIB, 400 * MIB)
+
+
+@dataclasses.dataclass
+class FakeNode:
+    index: int
+    class_name: str
+    inputs: tuple
+    nbytes: int
+
+    @property
+    def output_shapes(self):
+        return ((self.nbytes,),)
+
+    def output_bytes(self, k):
+        return self.nbytes
+
+
+def test_backward_keeps_only_the_tensors_gradients_read():
+    r = TensorRef
+    nodes = [FakeNode(0, "Conv2D", (r(-1),), 10),            # read by BN's gradient: kept
+             FakeNode(1, "BatchNormalization", (r(0),), 20),  # read by nobody: dropped
+             FakeNode(2, "Activation", (r(1),), 30),          # relu reads its output: kept
+             FakeNode(3, "Conv2D", (r(2),), 40),              # feeds Add only: dropped
+             FakeNode(4, "Add", (r(3), r(2)), 50),            # feeds global pooling: dropped
+             FakeNode(5, "GlobalAveragePooling2D", (r(4),), 60),  # Dense reads it: kept
+             FakeNode(6, "Dense", (r(5),), 70),               # softmax reads its output
+             FakeNode(7, "Lambda", (r(6),), 80)]              # unknown class: kept
+    acts = ["linear", None, "relu", "linear", None, None, "softmax", None]
+    assert paper.backward_kept_bytes(nodes, acts) == [10, 0, 30, 0, 0, 60, 70, 80]
+    # A linear Dense feeding nothing that reads it keeps nothing; MaxPool keeps in and out.
+    nodes2 = [FakeNode(0, "Dense", (r(-1),), 5), FakeNode(1, "MaxPooling2D", (r(0),), 7)]
+    assert paper.backward_kept_bytes(nodes2, ["linear", None]) == [5, 7]
+    prof = paper.with_kept_activations(tiny_profile(num_layers=2), [3, 4])
+    assert [l.activation_bytes for l in prof.layers] == [3 * 32, 4 * 32]
+
+
+def test_setups_shape_the_cluster():
+    c = paper.subcluster("VQ", 2)
+    assert c.inter_bandwidth == paper.TF_GRPC_BANDWIDTH
+    assert c.memory_of("host1/gpu0") == paper.tf112_gpu_memory_limit(
+        get_device_type("QUADRO_P4000").memory_bytes)
+    n = paper.subcluster("VQ", 2, setup=paper.NOMINAL_SETUP)
+    assert n.inter_bandwidth == 7e9
+    assert n.memory_of("host1/gpu0") == get_device_type("QUADRO_P4000").memory_bytes
+    assert paper.subcluster("V", 1, inter_bandwidth=1e9).inter_bandwidth == 1e9
+    text = "\n".join(paper.PAPER_SETUP.describe())
+    assert "0.80 GB/s" in text and "6.56 GB/s" in text and "64 MiB" in text

@@ -14,6 +14,7 @@ validation and epoch-end callbacks), so epoch-end logs, callbacks and the weight
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -24,10 +25,10 @@ import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
+from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.strategy.program import Program
 from hetpipe_tf.strategy.runtime import PipelineRuntime
 from hetpipe_tf.strategy.stage import Stage
-from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
                                             check_plans)
 
@@ -140,13 +141,12 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 "plan=None and no TF_CONFIG; pass a cluster (hetpipe_tf.cluster) or a plan.")
         if self.n_m is not None:
             check_n_m(self.n_m, max_m, plan)
-        self._host = host_cpu_device()
         self._device_of_layer: dict[str, str] = {}
         if plan is not None:
             for s in plan.stages:
                 for name in s.layer_names:
                     self._device_of_layer[name] = s.tf_device
-        self._default_device = plan.stages[-1].tf_device if plan is not None else self._host
+        self._last_stage_device = plan.stages[-1].tf_device if plan is not None else None
         self.pipelines: dict[int, PipelineRuntime] = {}
         self._lock = threading.Lock()
         self._runtime_threads: set[int] = set()
@@ -171,25 +171,33 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 "allocation forms virtual workers for the planner; it cannot be combined with "
                 f"a plan. Received: allocation={self.allocation.name} and a plan; pass one "
                 "plan per virtual worker, or no plan.")
+
     # --- variables ----------------------------------------------------------------------
+    @property
+    def _host(self) -> str:
+        # Resolved when used: the process may connect to a cluster after building us.
+        return host_cpu_device()
+
+    @property
+    def _fallback_device(self) -> str:
+        """Where variables of no stage go (metrics, optimizer counters)."""
+        return self._last_stage_device or self._host
+
     def _device_for_scope(self, scope: str) -> str:
         for part in reversed(scope.split("/")):
             if part in self._device_of_layer:
                 return self._device_of_layer[part]
-        return self._default_device
+        return self._fallback_device
 
+    @contextlib.contextmanager
     def place_locally(self):
-        """Within this context, variables keep the caller's device scope (w_local copies)."""
-        extended = self
-
-        class _Local:
-            def __enter__(self):
-                extended._local_placement.on = True
-
-            def __exit__(self, *exc):
-                extended._local_placement.on = False
-
-        return _Local()
+        """Within this context, variables keep the caller's device scope (w_global on the
+        parameter servers, w_local on the stage devices)."""
+        self._local_placement.on = True
+        try:
+            yield
+        finally:
+            self._local_placement.on = False
 
     def _create_variable(self, next_creator, **kwargs):
         if getattr(self._local_placement, "on", False):
@@ -420,7 +428,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def non_slot_devices(self, var_list):
         del var_list
-        return (self._default_device,)
+        return (self._fallback_device,)
 
     @property
     def experimental_should_init(self):

@@ -152,3 +152,5 @@ class Coordinator:
         with self._lock:
             if self._error is None:
                 self._error = e
+        # The failed VW will push no more waves: nobody may keep waiting for them.
+        self.servers.end_run()

@@ -8,6 +8,8 @@ Each result is compared with an independent reference:
 - for one stage, N_m = 1, D = 0: synchronous data-parallel SGD written by hand.
 """
 
+import time
+
 import keras
 import numpy as np
 import pytest
@@ -196,3 +198,29 @@ def test_ed_local_keeps_each_stage_parameters_on_its_own_host():
 def _short(device: str) -> str:
     """'/job:localhost/replica:0/task:0/device:CPU:2' and '/device:CPU:2' -> 'CPU:2'."""
     return device.rsplit("device:", 1)[-1]
+
+
+def test_a_failing_stage_stops_training_with_its_error_and_no_hang():
+    x, y = regression_data(64, 0)
+    probe = skip_model(0)
+    plans = [even_plan(probe, DEVICES[0:1], n_m=1), even_plan(probe, DEVICES[1:2], n_m=1)]
+    strategy = HetPipeStrategy(plan=plans, clock_distance=0)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(LR), "mse")
+    model.fit(x[:16], y[:16], batch_size=BATCH, epochs=1, verbose=0)   # builds the VWs
+    stage = strategy.pipeline(model, 1).stages[0]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    stage.forward_backward = broken          # VW 1's only stage fails from now on
+    with pytest.raises(Exception, match="device lost"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    # VW 0 stops waiting for the waves VW 1 will never push: all it took completes.
+    vw0 = strategy.pipeline(model, 0)
+    deadline = time.monotonic() + 30
+    while vw0.completed < vw0.submitted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert vw0.completed == vw0.submitted
+    strategy.close()

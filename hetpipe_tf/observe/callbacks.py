@@ -150,7 +150,8 @@ class PipelineMonitor(keras.callbacks.Callback):
         self.timeline = timeline
         self.print_fn = print_fn
         self.report: str | None = None
-        self.comparison: PlanComparison | None = None
+        self.comparison: PlanComparison | None = None   # virtual worker 0's
+        self.comparisons: list[PlanComparison] = []      # every VW's, with several VWs
         self.epochs: list[dict[str, float]] = []  # the scalars logged, one dict per epoch
         self.trace_path: str | None = None
         self.png_path: str | None = None
@@ -159,6 +160,7 @@ class PipelineMonitor(keras.callbacks.Callback):
         self._epoch_start = 0
         self._last_epoch: tuple[int, int] = (0, 0)
         self._waits: dict[int, float] = {}
+        self._vw_starts: dict[int, int] = {}
         self._pushes = 0
 
     # --- helpers --------------------------------------------------------------------------
@@ -207,6 +209,9 @@ class PipelineMonitor(keras.callbacks.Callback):
     # --- Keras hooks ----------------------------------------------------------------------
     def on_train_begin(self, logs=None):
         self._fit_start = self._trace_len()
+        coord = self._coordinator()
+        self._vw_starts = ({i: len(w.trace) for i, w in enumerate(coord.runtimes)}
+                           if coord is not None else {})
         self.epochs = []
         if self.log_dir is not None and self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "pipeline"))
@@ -276,6 +281,13 @@ class PipelineMonitor(keras.callbacks.Callback):
         plan = getattr(rt, "plan", None) or getattr(self.strategy, "plan", None)
         self.comparison = compare_plan(plan, rt.trace[self._fit_start:])
         self.report = self.comparison.text()
+        coord = self._coordinator()
+        if coord is not None:   # one report per virtual worker (VW 0's is `comparison`)
+            self.comparisons = [self.comparison] + [
+                compare_plan(w.plan, w.trace[self._vw_starts.get(i, 0):])
+                for i, w in enumerate(coord.runtimes) if i > 0]
+            self.report = "\n".join(f"virtual worker {i}:\n{c.text()}"
+                                     for i, c in enumerate(self.comparisons))
         if self.print_report:
             self.print_fn(self.report)
         if self.log_dir is not None and self.timeline:

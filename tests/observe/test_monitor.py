@@ -153,4 +153,8 @@ def test_two_virtual_workers_log_the_measured_clock_distance_and_waits(tmp_path)
     assert sum(sum(w.values()) for w in waits) == pytest.approx(
         sum(s.wait_s for s in coord.syncs))
     assert sum(scalars["wsp/pushes"].values()) == len(coord.servers.pushes)
+    # The end-of-fit report covers both VWs; the emulated 3x slower VW measures slower.
+    assert len(monitor.comparisons) == 2 and "virtual worker 1:" in monitor.report
+    slow = [max(s.measured_s for s in c.stages) for c in monitor.comparisons]
+    assert slow[1] > slow[0]
     strategy.close()

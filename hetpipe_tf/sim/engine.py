@@ -5,7 +5,7 @@ Section 4 rules: per-stage forward/backward order, FIFO, the last stage's single
 in flight, continuous across waves). WSP enters it through `arrival`: minibatch p may not
 enter stage 0 before the pull that brings the global wave it needs (`wsp.py`) completed.
 
-Pushes and pulls (per stage, per PS shard, `links.LinkPool`):
+Pushes and pulls (per stage, per PS shard, `replay.Replay` over `links.LinkPool`):
 * stage j pushes its part of wave c's aggregated update when it finishes its last task of
   the wave's last minibatch (its parameters are final for the wave then); the VW's push of
   wave c is complete when every stage's shards arrived; its local clock is then c+1;
@@ -15,128 +15,104 @@ Pushes and pulls (per stage, per PS shard, `links.LinkPool`):
   wave r wait for the whole pull (one consistent version for all stages). Pushes and
   compute overlap (transfers do not occupy a stage).
 
-The dependency is causal, so the schedule is the fixed point of: simulate every VW with
-the current gate times, replay the transfers in time order, recompute the gates; starting
-from no gates, every round fixes at least one more wave, and the loop stops when nothing
-changes.
+The schedule is the fixed point of: simulate every VW with the current gates, replay the
+transfers in time order, recompute the gates (`fixed_point.py`, the reference). Because
+the dependency is causal, one pass reaches it: grant transfers in time order, and when a
+VW's pull completes, re-run that VW's pipeline over the minibatches whose gates are now
+known and queue the pushes of the waves that became final (`pipelines.final_waves`).
+A wave's push comes after the pull that gated it, so it is queued before anything later
+is granted and the grants are those of the reference. If a VW's last stage takes no time
+that ordering may not hold, and the reference runs instead.
 """
 
 from __future__ import annotations
 
-import heapq
 from typing import Sequence
 
 from hetpipe_tf.cluster.spec import Cluster
-from hetpipe_tf.ps import wsp
-from hetpipe_tf.sim.links import LinkPool, Transfer
+from hetpipe_tf.sim.fixed_point import simulate_fixed_point
+from hetpipe_tf.sim.links import Transfer
 from hetpipe_tf.sim.model import ScheduleMode, SimConfig, VirtualWorker
+from hetpipe_tf.sim.pipelines import PipelineCache, final_waves, pull_waves
+from hetpipe_tf.sim.replay import OutOfOrder, Replay
 from hetpipe_tf.sim.result import SimResult, summarise
-from hetpipe_tf.strategy.schedule import Event, TaskKind, simulate as simulate_pipeline
+from hetpipe_tf.strategy.schedule import Event
 
 
-def _wave_end_per_stage(events: Sequence[Event], k: int, n_m: int, waves: int) -> list[list[float]]:
-    """t[c][j]: when stage j finished its last task of wave c's last minibatch."""
-    last = {}
-    for e in events:
-        if e.task.kind is not TaskKind.FORWARD:
-            last[(e.task.stage, e.task.minibatch)] = e.end
-    return [[last[(j, (c + 1) * n_m)] for j in range(k)] for c in range(waves)]
+class _OnePass:
+    """The fixed point in one pass: per VW, the pulls completed and the waves queued."""
 
+    def __init__(self, vws: Sequence[VirtualWorker], cfg: SimConfig, cluster: Cluster) -> None:
+        self.vws, self.cfg, self.cluster = vws, cfg, cluster
+        self.pull_waves = pull_waves(cfg)
+        self.cache = PipelineCache(cfg)
+        self.replay = Replay(vws, cfg, cluster, on_pull_done=self._pulled)
+        self.complete: list[set[int]] = [set() for _ in vws]   # pulls every stage finished
+        self.queued = [0] * len(vws)                            # waves whose pushes are queued
+        self.runs: list[list[Event] | None] = [None] * len(vws)
+        self.gates: list[list[float]] = [[] for _ in vws]
 
-def _replay_transfers(vws: Sequence[VirtualWorker], wave_ends: list[list[list[float]]],
-                      cfg: SimConfig, cluster: Cluster) -> tuple[list[dict[int, float]], LinkPool]:
-    """Grant every push and pull in time order; returns pull completion per VW and wave."""
-    pool = LinkPool(cluster, cfg.intra_scale)
-    n_vw, waves, d = len(vws), cfg.num_waves, cfg.clock_distance
-    heap: list[tuple[float, int, int, int, int, str]] = []  # (t, seq, vw, wave, stage, kind)
-    seq = 0
-    for v in range(n_vw):
-        for c in range(waves):
-            for j in range(vws[v].num_stages):
-                heapq.heappush(heap, (wave_ends[v][c][j], seq, v, c, j, "push"))
-                seq += 1
-    stage_left = {(v, c): vws[v].num_stages for v in range(n_vw) for c in range(waves)}
-    push_done: dict[tuple[int, int], float] = {}
-    pull_stage_left: dict[tuple[int, int], int] = {}
-    pull_done: list[dict[int, float]] = [{} for _ in range(n_vw)]
-    vw_left = {c: n_vw for c in range(waves)}
-    global_partial: dict[int, float] = {}
-    global_done: dict[int, float] = {}
-    end_of: dict[tuple[int, int, int, str], float] = {}
+    def _known_gates(self, v: int) -> list[float]:
+        """Gates of the leading minibatches whose pull has completed (0 when ungated)."""
+        done, out = self.replay.pull_done[v], []
+        for w in self.pull_waves:
+            if w is None:
+                out.append(0.0)
+            elif w in self.complete[v]:
+                out.append(done[w])
+            else:
+                break
+        return out
 
-    def maybe_pull(v: int, c: int) -> None:
-        nonlocal seq
-        r = c - d
-        if (r < 0 or c + 1 >= waves or (v, c) in pull_stage_left
-                or stage_left[(v, c)] > 0 or r not in global_done):
-            return  # (the last wave's pull would gate nothing)
-        t = max(push_done[(v, c)], global_done[r])
-        pull_stage_left[(v, c)] = vws[v].num_stages
-        for j in range(vws[v].num_stages):
-            heapq.heappush(heap, (t, seq, v, c, j, "pull"))
-            seq += 1
+    def advance(self, v: int) -> None:
+        """Run VW v over its known gates; queue the pushes of waves that became final."""
+        arrival = self._known_gates(v)
+        final = final_waves(len(arrival), self.cfg)
+        if final <= self.queued[v]:
+            return
+        vw = self.vws[v]
+        ends = self.cache.final_wave_ends(vw, arrival)
+        for c in range(self.queued[v], final):
+            for j, t in enumerate(ends[c]):
+                self.replay.add_push(v, c, j, t)
+        self.queued[v] = final
+        if len(arrival) == self.cfg.num_minibatches:
+            self.runs[v], self.gates[v] = self.cache.run(vw, arrival), arrival
 
-    while heap:
-        t, _, v, c, j, kind = heapq.heappop(heap)
-        stage = vws[v].stages[j]
-        end = t
-        for sh in stage.shards:
-            tr = pool.reserve(vw=v, stage=j, wave=c, kind=kind, device=stage.device,
-                              device_host=stage.host, ps_host=sh.host, nbytes=sh.nbytes,
-                              request=t)
-            end = max(end, tr.end)
-        if kind == "push":
-            stage_left[(v, c)] -= 1
-            push_done[(v, c)] = max(push_done.get((v, c), 0.0), end)
-            if stage_left[(v, c)] == 0:
-                vw_left[c] -= 1
-                global_partial[c] = max(global_partial.get(c, 0.0), push_done[(v, c)])
-                if vw_left[c] == 0:
-                    global_done[c] = global_partial[c]
-                    for u in range(n_vw):  # pulls waiting for this global wave
-                        if c + d < waves:
-                            maybe_pull(u, c + d)
-                maybe_pull(v, c)
-        else:
-            pull_stage_left[(v, c)] -= 1
-            pull_done[v][c] = max(pull_done[v].get(c, 0.0), end)
-    return pull_done, pool
+    def _pulled(self, v: int, c: int) -> None:
+        self.complete[v].add(c)
+        self.advance(v)
 
-
-def _gates(pull_done: dict[int, float], cfg: SimConfig) -> list[float]:
-    """arrival[p-1] for one VW: completion of the pull bringing p's required wave."""
-    out = []
-    for p in range(1, cfg.num_minibatches + 1):
-        r = wsp.required_global_wave(p, cfg.n_m, cfg.clock_distance)
-        out.append(0.0 if r is None else
-                   pull_done.get(wsp.pull_after_wave(r, cfg.clock_distance), float("inf")))
-    return out
+    def result(self) -> SimResult:
+        for v in range(len(self.vws)):
+            self.advance(v)
+        self.replay.run()
+        if any(r is None for r in self.runs):
+            raise RuntimeError(f"The WSP schedule left a VW unfinished. Received: "
+                               f"{len(self.vws)} VWs, {self.cfg}; this is a bug, please "
+                               f"report it.")
+        return summarise(self.vws, self.cfg, self.cluster, self.runs, self.gates,
+                         self.replay.pool.transfers)
 
 
 def simulate(virtual_workers: Sequence[VirtualWorker], config: SimConfig,
              cluster: Cluster, *, max_rounds: int | None = None) -> SimResult:
-    """Simulate `config.num_waves` waves of every VW; see the module doc for the rules."""
+    """Simulate `config.num_waves` waves of every VW; see the module doc for the rules.
+
+    max_rounds: bound of the fixed-point reference, when it runs (see the module doc).
+    """
     vws = tuple(virtual_workers)
     if not vws:
         raise ValueError("simulate needs at least one virtual worker. Received: [].")
     if config.mode is ScheduleMode.GPIPE:
         from hetpipe_tf.sim.gpipe import simulate_gpipe
         return simulate_gpipe(vws, config, cluster)
-    n = config.num_minibatches
-    gates = [[0.0] * n for _ in vws]
-    rounds = max_rounds or 2 * config.num_waves + 4
-    for _ in range(rounds):
-        runs = [simulate_pipeline(vw.num_stages, config.n_m, n, vw.forward_times,
-                                  vw.backward_times, arrival=g) for vw, g in zip(vws, gates)]
-        ends = [_wave_end_per_stage(ev, vw.num_stages, config.n_m, config.num_waves)
-                for ev, vw in zip(runs, vws)]
-        pull_done, pool = _replay_transfers(vws, ends, config, cluster)
-        new = [_gates(pd, config) for pd in pull_done]
-        if new == gates:
-            return summarise(vws, config, cluster, runs, gates, pool.transfers)
-        gates = new
-    raise RuntimeError(f"The WSP schedule did not settle in {rounds} rounds. Received: "
-                       f"{len(vws)} VWs, {config}; this is a bug, please report it.")
+    if all(vw.stages[-1].forward_s + vw.stages[-1].backward_s > 0 for vw in vws):
+        try:
+            return _OnePass(vws, config, cluster).result()
+        except OutOfOrder:
+            pass  # a push vanished next to its gate (durations ~1e-16 of the clock)
+    return simulate_fixed_point(vws, config, cluster, max_rounds=max_rounds)
 
 
 __all__ = ["simulate", "Transfer"]

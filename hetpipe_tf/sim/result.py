@@ -22,7 +22,7 @@ import dataclasses
 from typing import Sequence
 
 from hetpipe_tf.cluster.spec import Cluster
-from hetpipe_tf.sim.links import Transfer
+from hetpipe_tf.sim.transfers import Transfer, TransferLog
 from hetpipe_tf.sim.model import SimConfig, VirtualWorker
 from hetpipe_tf.strategy.schedule import Event, Task, TaskKind
 
@@ -63,7 +63,7 @@ class SimResult:
     param_bytes_inter_host: int
     param_bytes_intra_host: int
     events: tuple[SimEvent, ...]
-    transfers: tuple[Transfer, ...]
+    transfers: TransferLog             # a sequence of Transfer, in grant order
 
     @property
     def minibatches_per_s(self) -> float:
@@ -145,8 +145,8 @@ def summarise(vws: Sequence[VirtualWorker], cfg: SimConfig, cluster: Cluster,
     events = tuple(sorted((SimEvent(v, e.task, e.start, e.end)
                            for v, ev in enumerate(runs) for e in ev),
                           key=lambda e: (e.start, e.vw, e.task.stage)))
-    p_inter = sum(t.nbytes for t in transfers if t.inter_host)
-    p_intra = sum(t.nbytes for t in transfers if not t.inter_host)
+    log = TransferLog.of(transfers)
+    p_inter, p_intra = log.param_bytes()
     a_inter = a_intra = 0
     for vw, st in zip(vws, stats):
         for j in range(vw.num_stages - 1):
@@ -164,4 +164,4 @@ def summarise(vws: Sequence[VirtualWorker], cfg: SimConfig, cluster: Cluster,
         steady_samples_per_s=sum(r * vw.batch_size for r, vw in zip(steady, vws)),
         vws=stats, bytes_inter_host=p_inter + a_inter, bytes_intra_host=p_intra + a_intra,
         param_bytes_inter_host=p_inter, param_bytes_intra_host=p_intra,
-        events=events, transfers=tuple(transfers))
+        events=events, transfers=log)

@@ -16,6 +16,10 @@ against the simulator's prediction for the same --steps minibatches from empty:
                    each other down, which the per-device cost model cannot know;
   sim(trace):      the task durations measured in the run's own trace (median per stage
                    and kind): checks the schedule model alone, free of cost-model error.
+  sim(plan x c + u): sim(plan x c) with u, the median time of the runtime's per-minibatch
+                   update (optimizer step + weight snapshot) MEASURED in the same run,
+                   added to stage 0's backward: on one VW it runs on stage 0's thread and
+                   no task span or cost model contains it (a labelled measured input).
 
 Then TWO virtual workers (`--sim_vws`): one stage each, on the 2 logical devices (one
 EMULATED at 0.5x), data parallel through parameter servers under WSP (one PS per host,
@@ -63,7 +67,7 @@ def _measure(pb, keras, ds, plan, steps: int, repeats: int, cluster=None,
             rate = steps * batch / (time.perf_counter() - start)
             if rate > best:
                 best, best_trace = rate, list(rt.trace[n0:])
-        return best, best_trace
+        return best, best_trace, statistics.median(rt.update_s[-steps:])
     finally:
         strategy.close()
 
@@ -112,7 +116,7 @@ def _two_virtual_workers(pb, keras, ds, cluster, ceiling, steps, repeats, nms, d
         placement = place_parameters(first.profile, plans, cluster)
         ps = traffic(placement, plans, first.profile, cluster)
         for d in ds_:
-            measured, _ = _measure(pb, keras, ds, list(plans), steps, repeats, cluster, d)
+            measured, _, _ = _measure(pb, keras, ds, list(plans), steps, repeats, cluster, d)
             cfg = SimConfig(n_m=n_m, clock_distance=d, num_waves=max(1, steps // (2 * n_m)))
             preds = []
             for scale in (1.0, ceiling):
@@ -161,10 +165,10 @@ def main(argv: list[str]) -> None:
                       n_m=max(nms)).plan
     print(plan.table())
     rows = [("N_m", "measured", "sim(plan)", "ratio", f"sim(plan x {ceiling:.2f})", "ratio",
-             "sim(trace)", "ratio")]
+             "sim(trace)", "ratio", "u ms", f"sim(plan x {ceiling:.2f} + u)", "ratio")]
     for n_m in nms:
         p = dataclasses.replace(plan, n_m=n_m)
-        measured, trace = _measure(pb, keras, ds, p, steps, repeats)
+        measured, trace, update_s = _measure(pb, keras, ds, p, steps, repeats)
         waves = max(1, steps // n_m)
         cfg = SimConfig(n_m=n_m, num_waves=waves)
         preds = []
@@ -176,8 +180,15 @@ def main(argv: list[str]) -> None:
             dataclasses.replace(s, forward_s=f, backward_s=b)
             for s, f, b in zip(from_plan(p, cluster).stages, fwd, bwd)), p.batch_size)
         preds.append(simulate([vw], cfg, cluster).samples_per_s)
-        rows.append((str(n_m), f"{measured:.0f}", *(x for pr in preds
-                                                    for x in (f"{pr:.0f}", f"{pr / measured:.2f}"))))
+        scaled = from_plan(p, cluster, compute_scale=ceiling)
+        first = dataclasses.replace(scaled.stages[0],
+                                    backward_s=scaled.stages[0].backward_s + update_s)
+        vw = dataclasses.replace(scaled, stages=(first, *scaled.stages[1:]))
+        with_update = simulate([vw], cfg, cluster).samples_per_s
+        rows.append((str(n_m), f"{measured:.0f}",
+                     *(x for pr in preds for x in (f"{pr:.0f}", f"{pr / measured:.2f}")),
+                     f"{update_s * 1e3:.1f}", f"{with_update:.0f}",
+                     f"{with_update / measured:.2f}"))
         print(f"  N_m={n_m}: trace task medians fwd={[round(x * 1e3, 1) for x in fwd]} ms "
               f"bwd={[round(x * 1e3, 1) for x in bwd]} ms", flush=True)
     print("\nOne virtual worker of 2 stages:")

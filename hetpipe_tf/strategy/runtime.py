@@ -81,6 +81,7 @@ class PipelineRuntime:
         self.trace_enabled = trace
         self.trace: list[TraceEvent] = []
         self.completions: list[int] = []
+        self.update_s: list[float] = []
         self._threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
                                           name=f"hetpipe-stage-{j}")
                          for j in range(len(self.stages))]
@@ -230,8 +231,12 @@ class PipelineRuntime:
 
     def _apply(self, mb: Minibatch) -> None:
         k = len(self.stages)
+        t0 = time.perf_counter()
         self.versions.apply(mb.id, [mb.grads[j] for j in range(k)],
                             [mb.deltas[j] for j in range(k)])
+        # Seconds per update (optimizer + next snapshot, with WSP also push/wait/pull): work
+        # outside every task span; on one VW it occupies stage 0's thread.
+        self.update_s.append(time.perf_counter() - t0)
         mb.version = None
         with self._cond:
             self.completed = mb.id

@@ -68,6 +68,8 @@ def test_n_m_above_1_equals_staleness_reference(n_m, num_stages, opt):
         schedule.Event(e.task, e.start, e.start, e.end) for e in runtime.trace)
     schedule.check_trace(order, num_stages, n_m, runtime.completions)
     assert len(runtime.trace) == EPOCHS * steps * (2 * num_stages - 1)
+    # One timed update per minibatch (the work outside the task spans, for the simulator).
+    assert len(runtime.update_s) == EPOCHS * steps and min(runtime.update_s) > 0
     strategy.close()
 
 

@@ -107,8 +107,12 @@ class Coordinator:
         self._raise_if_failed()
 
     def close(self) -> None:
+        self.servers.end_run()  # no VW may stay blocked waiting for a wave
         for _ in self._feeders:
-            self._queue.put(_STOP)
+            try:  # feeders are daemon threads: never block the caller on a full queue
+                self._queue.put(_STOP, timeout=5)
+            except queue.Full:
+                break
         for rt in self.runtimes:
             rt.close()
 

@@ -20,6 +20,9 @@ against the simulator's prediction for the same --steps minibatches from empty:
                    update (optimizer step + weight snapshot) MEASURED in the same run,
                    added to stage 0's backward: on one VW it runs on stage 0's thread and
                    no task span or cost model contains it (a labelled measured input).
+  sim(plan x c_eff + u): contention only while devices compute at once: c_eff =
+                   1 + (c - 1) f, f = the fraction of busy time during which another device
+                   is busy too, read off the same simulation at c = 1 (`overlap_fraction`).
 
 Then TWO virtual workers (`--sim_vws`): one stage each, on the 2 logical devices (one
 EMULATED at 0.5x), data parallel through parameter servers under WSP (one PS per host,
@@ -72,6 +75,31 @@ def _measure(pb, keras, ds, plan, steps: int, repeats: int, cluster=None,
         strategy.close()
 
 
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def overlap_fraction(events) -> float:
+    """Share of all devices' busy time during which at least one other device is busy."""
+    by_device: dict[tuple[int, int], list] = {}
+    for e in events:
+        by_device.setdefault((e.vw, e.task.stage), []).append((e.start, e.end))
+    busy = {d: _union(iv) for d, iv in by_device.items()}
+    total = overlapped = 0.0
+    for d, mine in busy.items():
+        others = _union([iv for o, ivs in busy.items() if o != d for iv in ivs])
+        for a, b in mine:
+            total += b - a
+            overlapped += sum(max(0.0, min(b, y) - max(a, x)) for x, y in others)
+    return overlapped / total if total else 0.0
+
+
 def _trace_times(trace, k: int) -> tuple[list[float], list[float]]:
     from hetpipe_tf.strategy.schedule import TaskKind
     by = {}
@@ -87,6 +115,12 @@ def _trace_times(trace, k: int) -> tuple[list[float], list[float]]:
             fwd.append(statistics.median(by[(j, TaskKind.FORWARD)]))
             bwd.append(statistics.median(by[(j, TaskKind.BACKWARD)]))
     return fwd, bwd
+
+
+def _with_update(vw, update_s: float):
+    """`vw` with `update_s` more on stage 0's backward (where one VW's update runs)."""
+    first = dataclasses.replace(vw.stages[0], backward_s=vw.stages[0].backward_s + update_s)
+    return dataclasses.replace(vw, stages=(first, *vw.stages[1:]))
 
 
 def _table(rows) -> None:
@@ -110,7 +144,7 @@ def _two_virtual_workers(pb, keras, ds, cluster, ceiling, steps, repeats, nms, d
     first = plan_model(pb._build(keras, "planned2"), cluster, pb._BATCH_SIZE.value,
                        devices=vws[0], n_m=1)
     rows = [("N_m", "D", "measured", "sim(plan)", "ratio", f"sim(plan x {ceiling:.2f})",
-             "ratio")]
+             "ratio", "f", "sim(plan x c_eff)", "ratio")]
     for n_m in nms:
         plans = plan_virtual_workers(first.profile, vws, cluster=cluster, n_m=n_m)
         placement = place_parameters(first.profile, plans, cluster)
@@ -118,15 +152,19 @@ def _two_virtual_workers(pb, keras, ds, cluster, ceiling, steps, repeats, nms, d
         for d in ds_:
             measured, _, _ = _measure(pb, keras, ds, list(plans), steps, repeats, cluster, d)
             cfg = SimConfig(n_m=n_m, clock_distance=d, num_waves=max(1, steps // (2 * n_m)))
-            preds = []
-            for scale in (1.0, ceiling):
-                sim_vws = [from_plan(p, cluster, name=f"vw{w}", compute_scale=scale,
-                                     ps={j: [(t.ps_host, t.bytes) for t in st]
-                                         for j, st in enumerate(ps[w])})
-                           for w, p in enumerate(plans)]
-                preds.append(simulate(sim_vws, cfg, cluster).samples_per_s)
-            rows.append((str(n_m), str(d), f"{measured:.0f}",
-                         *(x for pr in preds for x in (f"{pr:.0f}", f"{pr / measured:.2f}"))))
+            def run(scale):
+                return simulate([from_plan(p, cluster, name=f"vw{w}", compute_scale=scale,
+                                           ps={j: [(t.ps_host, t.bytes) for t in st]
+                                               for j, st in enumerate(ps[w])})
+                                 for w, p in enumerate(plans)], cfg, cluster)
+
+            base = run(1.0)
+            f = overlap_fraction(base.events)
+            preds = [base.samples_per_s, run(ceiling).samples_per_s,
+                     run(1.0 + (ceiling - 1.0) * f).samples_per_s]
+            cells = [(f"{pr:.0f}", f"{pr / measured:.2f}") for pr in preds]
+            rows.append((str(n_m), str(d), f"{measured:.0f}", *cells[0], *cells[1],
+                         f"{f:.2f}", *cells[2]))
             print(f"  2 VWs, N_m={n_m}, D={d}: measured {measured:.0f} samples/s", flush=True)
     print("\nTwo virtual workers (one stage each, device 0 EMULATED at 0.5x), WSP through "
           "one parameter server per host:")
@@ -134,7 +172,6 @@ def _two_virtual_workers(pb, keras, ds, cluster, ceiling, steps, repeats, nms, d
 
 
 def main(argv: list[str]) -> None:
-    from absl import flags as _f
     from benchmarks import pipeline_benchmark as pb
     from hetpipe_tf.cluster.local import configure_logical_devices
     configure_logical_devices(2)
@@ -146,7 +183,7 @@ def main(argv: list[str]) -> None:
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.partitioner.planner import plan_model
     from hetpipe_tf.sim.engine import simulate
-    from hetpipe_tf.sim.model import SimConfig, SimStage, VirtualWorker, from_plan
+    from hetpipe_tf.sim.model import SimConfig, VirtualWorker, from_plan
 
     steps, repeats = _SIM_STEPS.value, _SIM_REPEATS.value
     ds = pb._dataset(tf, np)
@@ -165,7 +202,8 @@ def main(argv: list[str]) -> None:
                       n_m=max(nms)).plan
     print(plan.table())
     rows = [("N_m", "measured", "sim(plan)", "ratio", f"sim(plan x {ceiling:.2f})", "ratio",
-             "sim(trace)", "ratio", "u ms", f"sim(plan x {ceiling:.2f} + u)", "ratio")]
+             "sim(trace)", "ratio", "u ms", f"sim(plan x {ceiling:.2f} + u)", "ratio", "f",
+             "sim(plan x c_eff + u)", "ratio")]
     for n_m in nms:
         p = dataclasses.replace(plan, n_m=n_m)
         measured, trace, update_s = _measure(pb, keras, ds, p, steps, repeats)
@@ -180,15 +218,18 @@ def main(argv: list[str]) -> None:
             dataclasses.replace(s, forward_s=f, backward_s=b)
             for s, f, b in zip(from_plan(p, cluster).stages, fwd, bwd)), p.batch_size)
         preds.append(simulate([vw], cfg, cluster).samples_per_s)
-        scaled = from_plan(p, cluster, compute_scale=ceiling)
-        first = dataclasses.replace(scaled.stages[0],
-                                    backward_s=scaled.stages[0].backward_s + update_s)
-        vw = dataclasses.replace(scaled, stages=(first, *scaled.stages[1:]))
-        with_update = simulate([vw], cfg, cluster).samples_per_s
+        with_update = simulate([_with_update(from_plan(p, cluster, compute_scale=ceiling),
+                                             update_s)], cfg, cluster).samples_per_s
+        f = overlap_fraction(simulate([_with_update(from_plan(p, cluster), update_s)], cfg,
+                                      cluster).events)
+        c_eff = 1.0 + (ceiling - 1.0) * f
+        eff = simulate([_with_update(from_plan(p, cluster, compute_scale=c_eff), update_s)],
+                       cfg, cluster).samples_per_s
         rows.append((str(n_m), f"{measured:.0f}",
                      *(x for pr in preds for x in (f"{pr:.0f}", f"{pr / measured:.2f}")),
                      f"{update_s * 1e3:.1f}", f"{with_update:.0f}",
-                     f"{with_update / measured:.2f}"))
+                     f"{with_update / measured:.2f}", f"{f:.2f}", f"{eff:.0f}",
+                     f"{eff / measured:.2f}"))
         print(f"  N_m={n_m}: trace task medians fwd={[round(x * 1e3, 1) for x in fwd]} ms "
               f"bwd={[round(x * 1e3, 1) for x in bwd]} ms", flush=True)
     print("\nOne virtual worker of 2 stages:")

@@ -82,7 +82,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
     """The coordinator of len(plans) virtual workers training `model` under WSP.
 
     `place_locally()` returns a context in which the strategy's variable creator keeps the
-    caller's device scope (so w_local lands on the stage devices).
+    caller's device scope (so w_global lands on the parameter servers' devices and w_local
+    on the stage devices).
     """
     per_vw_stages = [_stages(p, program, model) for p in plans]
     variables = []

@@ -25,6 +25,19 @@ from typing import Sequence
 import tensorflow as tf
 
 
+def read_values(variables: Sequence[tf.Variable]) -> list:
+    """Copy-on-write snapshots of `variables`, each read on its own device."""
+    out = []
+    for v in variables:
+        with tf.device(v.device):
+            out.append(tf.identity(v))
+    return out
+
+
+def _spread(clocks: Sequence[int]) -> int:
+    return max(clocks) - min(clocks)
+
+
 @dataclasses.dataclass(frozen=True)
 class Push:
     """One push as it was applied (for tests and the timeline)."""
@@ -47,7 +60,6 @@ class ParameterServers:
             raise ValueError(f"num_workers must be an int >= 1. Received: "
                              f"num_workers={num_workers!r}.")
         names = list(names) if names is not None else [f"w{i}" for i in range(len(initial))]
-        self.devices = tuple(devices)
         self.variables = []
         with tf.init_scope():
             for value, device, name in zip(initial, devices, names):
@@ -59,13 +71,8 @@ class ParameterServers:
         self._pushed = [0] * num_workers
         self._released = False
         self.pushes: list[Push] = []
-        self.push_count = 0
+        self._run_first_push = 0   # index in `pushes` of the current run's first push
         self.pull_count = 0
-        self.bytes_pushed = 0
-        # Largest spread of the clocks after a push during a run: at most D + 1 (a VW that
-        # pushed wave c and waits for wave c - D is one ahead of the paper's clock).
-        self.max_clock_distance = 0
-        self.run_max_clock_distance = 0  # the same, in the current run
         self._add = tf.function(self._add_impl, reduce_retracing=True)
 
     # --- clocks -------------------------------------------------------------------------
@@ -76,13 +83,17 @@ class ParameterServers:
             return tuple(self._pushed)
 
     @property
-    def global_clock(self) -> int:
-        return min(self.clocks)
+    def max_clock_distance(self) -> int:
+        """Largest spread of the clocks after a push in a run (final pushes excluded): at
+        most D + 1 (a VW that pushed wave c and waits for wave c - D is one ahead of the
+        paper's clock)."""
+        return max((_spread(p.clocks_after) for p in self.pushes if not p.final), default=0)
 
     @property
-    def clock_distance(self) -> int:
-        c = self.clocks
-        return max(c) - min(c)
+    def run_max_clock_distance(self) -> int:
+        """`max_clock_distance` within the current run."""
+        return max((_spread(p.clocks_after) for p in self.pushes[self._run_first_push:]
+                    if not p.final), default=0)
 
     # --- runs ---------------------------------------------------------------------------
     def start_run(self, values: Sequence | None = None) -> None:
@@ -93,7 +104,7 @@ class ParameterServers:
                     v.assign(x)
             self._pushed = [0] * self.num_workers
             self._released = False
-            self.run_max_clock_distance = 0
+            self._run_first_push = len(self.pushes)
 
     def end_run(self) -> None:
         """No more minibatches in this run: release every waiting worker."""
@@ -117,12 +128,6 @@ class ParameterServers:
             self._add(list(deltas))
             self._pushed[worker] = wave + 1
             self.pushes.append(Push(worker, wave, tuple(self._pushed), final))
-            if not final:
-                spread = max(self._pushed) - min(self._pushed)
-                self.max_clock_distance = max(self.max_clock_distance, spread)
-                self.run_max_clock_distance = max(self.run_max_clock_distance, spread)
-            self.push_count += 1
-            self.bytes_pushed += sum(int(d.shape.num_elements()) * d.dtype.size for d in deltas)
             self._cond.notify_all()
 
     def wait_for_wave(self, wave: int) -> bool:
@@ -135,9 +140,5 @@ class ParameterServers:
     def pull(self) -> tuple[list, tuple[int, ...]]:
         """(w_global as tensors on the servers' devices, clocks it reflects)."""
         with self._cond:
-            values = []
-            for v in self.variables:
-                with tf.device(v.device):
-                    values.append(tf.identity(v))  # copy-on-write snapshot
             self.pull_count += 1
-            return values, tuple(self._pushed)
+            return read_values(self.variables), tuple(self._pushed)

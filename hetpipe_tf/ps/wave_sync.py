@@ -23,26 +23,13 @@ pushes the updates of an unfinished wave so that w_global holds every update.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Sequence
 
 import tensorflow as tf
 
 from hetpipe_tf.ps import wsp
-from hetpipe_tf.ps.server import ParameterServers
-
-
-@dataclasses.dataclass(frozen=True)
-class SyncEvent:
-    """A push, or a wait-and-pull, of one VW (perf_counter seconds)."""
-
-    worker: int
-    kind: str          # "push" | "pull"
-    wave: int          # wave pushed, or global wave the pull had to include
-    start: float
-    end: float
-    waited_s: float = 0.0   # pull: time spent waiting for other VWs before reading
+from hetpipe_tf.ps.server import ParameterServers, read_values
 
 
 class WaveSync:
@@ -69,8 +56,7 @@ class WaveSync:
         self.n_m = n_m
         self.clock_distance = clock_distance
         self.record: dict[int, tuple[int, ...]] = {}
-        self.events: list[SyncEvent] = []
-        self.wait_s = 0.0
+        self.wait_s = 0.0   # time spent waiting for other VWs' waves
         self._run_start = 1
         self._since_push = 0
         self._waves_pushed = 0
@@ -92,19 +78,12 @@ class WaveSync:
             with tf.device(v.device):
                 v.assign(x)
 
-    def _snapshot(self) -> list:
-        out = []
-        for v in self.local:
-            with tf.device(v.device):
-                out.append(tf.identity(v))
-        return out
-
     # --- runs ---------------------------------------------------------------------------
     def start_run(self, first: int) -> None:
         """A run starts at this VW's minibatch `first`: w_local := w_global, clocks 0."""
         values, vector = self.servers.pull()
         self._assign(values)
-        self._base = self._snapshot()
+        self._base = read_values(self.local)
         self._vector = vector
         self._run_start = first
         self._since_push = 0
@@ -129,21 +108,16 @@ class WaveSync:
         self.record[q + self.n_m] = self._vector
 
     def _push(self, wave: int, final: bool = False) -> None:
-        t0 = time.perf_counter()
         self.servers.push(self.worker, wave, self._delta(self._base), final)
-        self._base = self._snapshot()
+        self._base = read_values(self.local)
         self._since_push = 0
         self._waves_pushed = wave + 1
-        self.events.append(SyncEvent(self.worker, "push", wave, t0, time.perf_counter()))
 
     def _pull(self, wave: int) -> None:
         t0 = time.perf_counter()
         self.servers.wait_for_wave(wave)
-        t1 = time.perf_counter()
+        self.wait_s += time.perf_counter() - t0
         values, vector = self.servers.pull()
         self._assign(values)
-        self._base = self._snapshot()
+        self._base = read_values(self.local)
         self._vector = vector
-        self.wait_s += t1 - t0
-        self.events.append(SyncEvent(self.worker, "pull", wave, t0, time.perf_counter(),
-                                     t1 - t0))

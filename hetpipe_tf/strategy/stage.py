@@ -78,6 +78,12 @@ class Stage:
         self._fwd_bwd_fn = tf.function(self._fwd_bwd_impl, reduce_retracing=True)
         self.emulated_sleep_s = 0.0  # total time slept for emulation (labelled as such)
 
+    @classmethod
+    def for_plan(cls, plan, program: Program, model) -> list["Stage"]:
+        """The stages of `plan` (a partitioner Plan) over `program`, in pipeline order."""
+        return [cls(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
+                    s.emulated_speed_factor, model) for s in plan.stages]
+
     # --- the compiled bodies -----------------------------------------------------------
     def _forward_impl(self, tvals, vvals, svals, inputs):
         mapping = (list(zip(self.trainable, tvals)) + list(zip(self.versioned_nt, vvals))

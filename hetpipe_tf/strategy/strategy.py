@@ -68,10 +68,9 @@ class HetPipeStrategy(tf.distribute.Strategy):
                  max_m: int | None = None, clock_distance: int = 0,
                  placement: str = "default", ps_hosts=None, allocation=None,
                  num_virtual_workers: int | None = None):
-        extended = HetPipeExtended(self, cluster, plan, n_m, max_m)
-        extended.configure_wsp(clock_distance, placement, ps_hosts, allocation,
-                               num_virtual_workers)
-        super().__init__(extended)
+        super().__init__(HetPipeExtended(self, cluster, plan, n_m, max_m, clock_distance,
+                                         placement, ps_hosts, allocation,
+                                         num_virtual_workers))
 
     @property
     def plan(self):
@@ -116,23 +115,23 @@ class HetPipeStrategy(tf.distribute.Strategy):
 
 
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
-    def __init__(self, container, cluster, plan, n_m, max_m):
+    def __init__(self, container, cluster, plan, n_m, max_m, clock_distance=0,
+                 placement="default", ps_hosts=None, allocation=None,
+                 num_virtual_workers=None):
+        from hetpipe_tf.cluster.allocation import AllocationPolicy
+        from hetpipe_tf.ps.placement import PlacementPolicy
+
         super().__init__(container)
         self._cluster_arg = cluster
         self._plan_fn = plan if callable(plan) else None
-        plan = None if callable(plan) else plan
-        self.plans: tuple = ()
-        if plan is not None and not isinstance(plan, Plan):
-            self.plans = check_plans(plan)
-            plan = self.plans[0] if len(self.plans) == 1 else None
-            if plan is None:  # several VWs: the model's variables stay on the host
-                n_m = n_m if n_m is not None else self.plans[0].n_m
-                for p in self.plans:
-                    check_n_m(n_m, max_m, p)
-        elif plan is not None:
-            self.plans = (plan,)
-        self.plan = plan
-        self.n_m = n_m if n_m is not None else (plan.n_m if plan is not None else None)
+        if plan is None or callable(plan):
+            self.plans: tuple = ()
+        else:
+            self.plans = (plan,) if isinstance(plan, Plan) else check_plans(plan)
+        # One plan: its variables are created on their stage devices. Several VWs: the
+        # model's variables stay on the host (each VW has copies).
+        self.plan = self.plans[0] if len(self.plans) == 1 else None
+        self.n_m = n_m if n_m is not None else (self.plans[0].n_m if self.plans else None)
         self.max_m = max_m
         if (not self.plans and self._plan_fn is None and cluster is None
                 and not os.environ.get("TF_CONFIG")):
@@ -140,23 +139,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 "HetPipeStrategy needs the virtual worker's devices. Received: cluster=None, "
                 "plan=None and no TF_CONFIG; pass a cluster (hetpipe_tf.cluster) or a plan.")
         if self.n_m is not None:
-            check_n_m(self.n_m, max_m, plan)
-        self._device_of_layer: dict[str, str] = {}
-        if plan is not None:
-            for s in plan.stages:
-                for name in s.layer_names:
-                    self._device_of_layer[name] = s.tf_device
-        self._last_stage_device = plan.stages[-1].tf_device if plan is not None else None
-        self.pipelines: dict[int, PipelineRuntime] = {}
-        self._lock = threading.Lock()
-        self._runtime_threads: set[int] = set()
-        self._local_placement = threading.local()
-
-    def configure_wsp(self, clock_distance, placement, ps_hosts, allocation,
-                      num_virtual_workers) -> None:
-        from hetpipe_tf.cluster.allocation import AllocationPolicy
-        from hetpipe_tf.ps.placement import PlacementPolicy
-
+            for p in self.plans or (None,):
+                check_n_m(self.n_m, max_m, p)
         if (isinstance(clock_distance, bool) or not isinstance(clock_distance, int)
                 or clock_distance < 0):
             raise ValueError("clock_distance (WSP's D) must be an int >= 0. Received: "
@@ -171,6 +155,17 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 "allocation forms virtual workers for the planner; it cannot be combined with "
                 f"a plan. Received: allocation={self.allocation.name} and a plan; pass one "
                 "plan per virtual worker, or no plan.")
+        self._device_of_layer: dict[str, str] = {}
+        if self.plan is not None:
+            for s in self.plan.stages:
+                for name in s.layer_names:
+                    self._device_of_layer[name] = s.tf_device
+        self._last_stage_device = (self.plan.stages[-1].tf_device if self.plan is not None
+                                   else None)
+        self.pipelines: dict[int, PipelineRuntime] = {}
+        self._lock = threading.Lock()
+        self._runtime_threads: set[int] = set()
+        self._local_placement = threading.local()
 
     # --- variables ----------------------------------------------------------------------
     @property
@@ -312,10 +307,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             return original()
 
         if len(self.plans) == 1:
-            plan = self.plans[0]
-            stages = [Stage(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
-                            s.emulated_speed_factor, model) for s in plan.stages]
-            runtime = PipelineRuntime(stages, model.optimizer, self.n_m, update_metrics)
+            runtime = PipelineRuntime(Stage.for_plan(self.plans[0], program, model),
+                                      model.optimizer, self.n_m, update_metrics)
         else:
             from hetpipe_tf.strategy.virtual_workers import build_virtual_workers
             runtime = build_virtual_workers(

@@ -34,12 +34,7 @@ from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, ps_device
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 from hetpipe_tf.strategy.runtime import PipelineRuntime
-from hetpipe_tf.strategy.stage import Stage
-
-def _stages(plan: Plan, program, model) -> list[Stage]:
-    return [Stage(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
-                  s.emulated_speed_factor, model) for s in plan.stages]
-
+from hetpipe_tf.strategy.stage import Stage, _unique
 
 def _layer_of_variables(program) -> dict[int, int]:
     """id(variable) -> node index of the layer that owns it."""
@@ -85,14 +80,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
     caller's device scope (so w_global lands on the parameter servers' devices and w_local
     on the stage devices).
     """
-    per_vw_stages = [_stages(p, program, model) for p in plans]
-    variables = []
-    seen = set()
-    for s in per_vw_stages[0]:
-        for v in list(s.trainable) + list(s.versioned_nt):
-            if id(v) not in seen:
-                seen.add(id(v))
-                variables.append(v)
+    per_vw_stages = [Stage.for_plan(p, program, model) for p in plans]
+    variables = _unique(v for s in per_vw_stages[0] for v in [*s.trainable, *s.versioned_nt])
     devices = variable_ps_devices(program, plans, variables, cluster, placement, ps_hosts)
     with tf.init_scope():
         initial = [tf.identity(_keras_shim.variable_handle(v)) for v in variables]

@@ -18,6 +18,7 @@ from hetpipe_tf.sim.transfers import Transfer, TransferLog
 from hetpipe_tf.sim.model import PSShard, SimConfig, SimStage, VirtualWorker
 from hetpipe_tf.sim.result import summarise
 from hetpipe_tf.strategy.schedule import TaskKind, simulate as simulate_pipeline
+from tests.sim.scenarios import scenarios as shared_scenarios
 
 CLUSTER = paper_cluster()  # host0..host3, 4 GPUs each, PCIe 15.75 GB/s, IB 7 GB/s
 
@@ -126,21 +127,9 @@ nbytes = st.one_of(st.sampled_from([0, 1_750_000_000, 3_500_000_000]),
                    st.integers(0, 20_000_000_000))
 
 
-@st.composite
-def scenarios(draw):
-    vws = []
-    for v in range(draw(st.integers(1, 4))):
-        stages = []
-        for j in range(draw(st.integers(1, 4))):
-            host = f"host{draw(st.integers(0, 3))}"
-            shards = tuple(PSShard(f"host{draw(st.integers(0, 3))}", draw(nbytes))
-                           for _ in range(draw(st.integers(0, 3))))
-            stages.append(SimStage(f"{host}/gpu{j}", host, draw(times), draw(times),
-                                   shards=shards))
-        vws.append(VirtualWorker(f"vw{v}", tuple(stages), 8))
-    cfg = SimConfig(n_m=draw(st.integers(1, 4)), clock_distance=draw(st.integers(0, 3)),
-                    num_waves=draw(st.integers(1, 6)))
-    return vws, cfg
+def scenarios():
+    return shared_scenarios(times=times, nbytes=nbytes, max_vws=4, max_shards=3, max_waves=6,
+                            same_stage_count=False)
 
 
 @settings(max_examples=150, deadline=None)

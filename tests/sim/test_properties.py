@@ -5,31 +5,16 @@ from hypothesis import given, settings, strategies as st
 from hetpipe_tf.cluster.spec import paper_cluster
 from hetpipe_tf.ps import wsp
 from hetpipe_tf.sim.engine import simulate
-from hetpipe_tf.sim.model import PSShard, SimConfig, SimStage, VirtualWorker
 from hetpipe_tf.strategy.schedule import TaskKind, check_trace, per_stage_order
+from tests.sim.scenarios import scenarios as shared_scenarios
 
 CLUSTER = paper_cluster()
 times = st.floats(min_value=0.01, max_value=3.0, allow_nan=False)
 
 
-@st.composite
-def scenarios(draw):
-    n_vw = draw(st.integers(1, 3))
-    k = draw(st.integers(1, 4))
-    vws = []
-    for v in range(n_vw):
-        stages = []
-        for j in range(k):
-            host = f"host{draw(st.integers(0, 3))}"
-            shards = tuple(PSShard(f"host{draw(st.integers(0, 3))}",
-                                   draw(st.integers(0, 3_000_000_000)))
-                           for _ in range(draw(st.integers(0, 2))))
-            stages.append(SimStage(f"{host}/gpu{j}", host, draw(times), draw(times),
-                                   shards=shards))
-        vws.append(VirtualWorker(f"vw{v}", tuple(stages), 8))
-    cfg = SimConfig(n_m=draw(st.integers(1, 4)), clock_distance=draw(st.integers(0, 3)),
-                    num_waves=draw(st.integers(1, 5)))
-    return vws, cfg
+def scenarios():
+    return shared_scenarios(times=times, nbytes=st.integers(0, 3_000_000_000), max_vws=3,
+                            max_shards=2, max_waves=5, same_stage_count=True)
 
 
 @settings(max_examples=60, deadline=None)

@@ -244,7 +244,7 @@ def _simulate() -> None:
 
 
 def _paper() -> None:
-    from hetpipe_tf.sim import paper
+    from experiments import paper
     print(paper.main(cache_dir=_CACHE.value))
 
 

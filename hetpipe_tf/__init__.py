@@ -5,14 +5,37 @@
     with strategy.scope():
         model = ...; model.compile(...)
     model.fit(dataset, ...)
+
+The public names load lazily (PEP 562), so `import hetpipe_tf.core.wsp` (pure rules) does
+not load TensorFlow.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from hetpipe_tf.cluster.spec import Cluster, Device, Host  # noqa: E402
-from hetpipe_tf.partitioner.plan import PartitionError, Plan  # noqa: E402
-from hetpipe_tf.partitioner.planner import plan_model  # noqa: E402
-from hetpipe_tf.strategy import HetPipeStrategy  # noqa: E402
+_PUBLIC = {
+    "Cluster": "hetpipe_tf.cluster.spec",
+    "Device": "hetpipe_tf.cluster.spec",
+    "Host": "hetpipe_tf.cluster.spec",
+    "PartitionError": "hetpipe_tf.partitioner.plan",
+    "Plan": "hetpipe_tf.partitioner.plan",
+    "plan_model": "hetpipe_tf.partitioner.planner",
+    "HetPipeStrategy": "hetpipe_tf.strategy",
+}
 
-__all__ = ["Cluster", "Device", "Host", "HetPipeStrategy", "PartitionError", "Plan",
-           "plan_model", "__version__"]
+__all__ = sorted(_PUBLIC) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hetpipe_tf' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

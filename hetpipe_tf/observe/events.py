@@ -1,6 +1,6 @@
 """Stage-task events of a pipeline, from the runtime or the simulator, in one shape.
 
-Both `hetpipe_tf.strategy.runtime.PipelineRuntime.trace` and the simulator emit events with
+Both `hetpipe_tf.pipeline.runtime.PipelineRuntime.trace` and the simulator emit events with
 `.task.stage`, `.task.minibatch`, `.task.kind` (a `TaskKind` or its value/name), `.start`
 and `.end` (seconds), and possibly a virtual-worker id `.vw` (on the event or its task).
 `normalize` turns any iterable of such objects (duck-typed; flat events with `stage`,
@@ -48,7 +48,7 @@ def short_kind(kind: Any) -> str:
         if isinstance(candidate, str) and candidate.lower() in _KIND_SHORT:
             return _KIND_SHORT[candidate.lower()]
     raise ValueError(
-        "Unknown task kind. Received: kind=%r; expected a hetpipe_tf.strategy.schedule."
+        "Unknown task kind. Received: kind=%r; expected a hetpipe_tf.core.schedule."
         "TaskKind or one of 'fwd', 'bwd', 'fwd+bwd'." % (kind,))
 
 

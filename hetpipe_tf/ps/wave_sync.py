@@ -28,7 +28,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from hetpipe_tf.ps import wsp
+from hetpipe_tf.core import wsp
 from hetpipe_tf.ps.server import ParameterServers, read_values
 
 
@@ -41,10 +41,11 @@ class WaveSync:
       local: this VW's w_local variables, in the servers' variable order.
       n_m: minibatches per wave.
       clock_distance: D.
+      fresh_pulls: at every wave end also take a newer w_global without waiting.
     """
 
     def __init__(self, worker: int, servers: ParameterServers, local: Sequence[tf.Variable],
-                 n_m: int, clock_distance: int):
+                 n_m: int, clock_distance: int, fresh_pulls: bool = True):
         if len(local) != len(servers.variables):
             raise ValueError(f"w_local needs one variable per parameter-server variable. "
                              f"Received: {len(local)} local, {len(servers.variables)} on the "
@@ -55,6 +56,7 @@ class WaveSync:
         self.local = list(local)
         self.n_m = n_m
         self.clock_distance = clock_distance
+        self.fresh_pulls = fresh_pulls  # TODO(issue 8, point 9a): not used yet
         self.record: dict[int, tuple[int, ...]] = {}
         self.wait_s = 0.0   # time spent waiting for other VWs' waves
         self._run_start = 1

@@ -1,6 +1,6 @@
 """Discrete-event simulation of HetPipe: Section 4 pipelines in every VW, WSP between them.
 
-Each VW's pipeline is `hetpipe_tf.strategy.schedule.simulate` itself (the one model of the
+Each VW's pipeline is `hetpipe_tf.core.schedule.simulate` itself (the one model of the
 Section 4 rules: per-stage forward/backward order, FIFO, the last stage's single task, N_m
 in flight, continuous across waves). WSP enters it through `arrival`: minibatch p may not
 enter stage 0 before the pull that brings the global wave it needs (`wsp.py`) completed.
@@ -36,7 +36,7 @@ from hetpipe_tf.sim.model import ScheduleMode, SimConfig, VirtualWorker
 from hetpipe_tf.sim.pipelines import PipelineCache, final_waves, pull_waves
 from hetpipe_tf.sim.replay import OutOfOrder, Replay
 from hetpipe_tf.sim.result import SimResult, summarise
-from hetpipe_tf.strategy.schedule import Event
+from hetpipe_tf.core.schedule import Event
 
 
 class _OnePass:

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.sim.model import SimConfig, VirtualWorker
-from hetpipe_tf.strategy.schedule import Event, Task, TaskKind
+from hetpipe_tf.core.schedule import Event, Task, TaskKind
 
 
 def gpipe_events(forward_s: Sequence[float], backward_s: Sequence[float], micro_batches: int,

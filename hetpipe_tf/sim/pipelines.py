@@ -1,8 +1,8 @@
 """One VW's Section 4 pipeline under WSP gates: the glue between the engine and the rules.
 
-The pipeline is `hetpipe_tf.strategy.schedule.simulate` itself; WSP enters through its
+The pipeline is `hetpipe_tf.core.schedule.simulate` itself; WSP enters through its
 `arrival` argument (the gate of minibatch p: when the pull bringing the global wave it
-needs completed, `ps/wsp.py`). Nothing here decides an order of tasks.
+needs completed, `core/wsp.py`). Nothing here decides an order of tasks.
 
 Finality (what lets the engine simulate a VW before all its gates are known): gates never
 decrease with p (a later wave's pull completes no earlier), so minibatches complete in
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from hetpipe_tf.ps import wsp
+from hetpipe_tf.core import wsp
 from hetpipe_tf.sim.model import SimConfig, VirtualWorker
-from hetpipe_tf.strategy.schedule import Event, TaskKind, simulate as simulate_pipeline
+from hetpipe_tf.core.schedule import Event, TaskKind, simulate as simulate_pipeline
 
 
 def pull_waves(cfg: SimConfig) -> list[int | None]:

@@ -24,7 +24,7 @@ from typing import Sequence
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.sim.transfers import Transfer, TransferLog
 from hetpipe_tf.sim.model import SimConfig, VirtualWorker
-from hetpipe_tf.strategy.schedule import Event, Task, TaskKind
+from hetpipe_tf.core.schedule import Event, Task, TaskKind
 
 
 @dataclasses.dataclass(frozen=True)

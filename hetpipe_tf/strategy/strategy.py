@@ -26,9 +26,9 @@ import tensorflow as tf
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.partitioner.plan import Plan
-from hetpipe_tf.strategy.program import Program
-from hetpipe_tf.strategy.runtime import PipelineRuntime
-from hetpipe_tf.strategy.stage import Stage
+from hetpipe_tf.pipeline.program import Program
+from hetpipe_tf.pipeline.runtime import PipelineRuntime
+from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
                                             check_plans)
 
@@ -62,15 +62,17 @@ class HetPipeStrategy(tf.distribute.Strategy):
       allocation: with no plan, form VWs from the cluster by this policy ("NP", "ED",
         "HD", "AUTO"; Section 8.1) and plan each; None = one VW of every device.
       num_virtual_workers: how many VWs the allocation forms (None: the policy's default).
+      fresh_pulls: at every wave end, also take whatever newer w_global the servers hold,
+        without waiting (the waiting rule of D is unchanged; docs/wsp.md).
     """
 
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
                  max_m: int | None = None, clock_distance: int = 0,
                  placement: str = "default", ps_hosts=None, allocation=None,
-                 num_virtual_workers: int | None = None):
+                 num_virtual_workers: int | None = None, fresh_pulls: bool = True):
         super().__init__(HetPipeExtended(self, cluster, plan, n_m, max_m, clock_distance,
                                          placement, ps_hosts, allocation,
-                                         num_virtual_workers))
+                                         num_virtual_workers, fresh_pulls))
 
     @property
     def plan(self):
@@ -117,7 +119,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     def __init__(self, container, cluster, plan, n_m, max_m, clock_distance=0,
                  placement="default", ps_hosts=None, allocation=None,
-                 num_virtual_workers=None):
+                 num_virtual_workers=None, fresh_pulls=True):
         from hetpipe_tf.cluster.allocation import AllocationPolicy
         from hetpipe_tf.ps.placement import PlacementPolicy
 
@@ -150,6 +152,10 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         self.ps_hosts = None if ps_hosts is None else tuple(ps_hosts)
         self.allocation = None if allocation is None else AllocationPolicy.parse(allocation)
         self.num_virtual_workers = num_virtual_workers
+        if not isinstance(fresh_pulls, bool):
+            raise ValueError("fresh_pulls must be True or False. Received: "
+                             f"fresh_pulls={fresh_pulls!r}.")
+        self.fresh_pulls = fresh_pulls
         if self.allocation is not None and (self.plans or self._plan_fn is not None):
             raise ValueError(
                 "allocation forms virtual workers for the planner; it cannot be combined with "
@@ -314,7 +320,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             runtime = build_virtual_workers(
                 model, program, self.plans, self.n_m, self.clock_distance, update_metrics,
                 cluster=self._cluster_or_none(), placement=self.placement,
-                ps_hosts=self.ps_hosts, place_locally=self.place_locally)
+                ps_hosts=self.ps_hosts, place_locally=self.place_locally,
+                fresh_pulls=self.fresh_pulls)
         runtime.program = program
         runtime.plan = self.plans[0]
         runtime.original_get_metrics_result = original

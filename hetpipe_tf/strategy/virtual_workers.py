@@ -33,8 +33,8 @@ from hetpipe_tf.ps.coordinator import Coordinator
 from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, ps_device
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
-from hetpipe_tf.strategy.runtime import PipelineRuntime
-from hetpipe_tf.strategy.stage import Stage, _unique
+from hetpipe_tf.pipeline.runtime import PipelineRuntime
+from hetpipe_tf.pipeline.stage import Stage, _unique
 
 def _layer_of_variables(program) -> dict[int, int]:
     """id(variable) -> node index of the layer that owns it."""
@@ -73,7 +73,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                           clock_distance: int, update_metrics: Callable, *, cluster=None,
                           placement: PlacementPolicy | str = PlacementPolicy.DEFAULT,
                           ps_hosts: Sequence[str] | None = None,
-                          place_locally: Callable[[], Any]) -> Coordinator:
+                          place_locally: Callable[[], Any], fresh_pulls: bool = True
+                          ) -> Coordinator:
     """The coordinator of len(plans) virtual workers training `model` under WSP.
 
     `place_locally()` returns a context in which the strategy's variable creator keeps the
@@ -109,7 +110,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                         groups.append(copies)
                     local_by_stage.append(tuple(groups))
             optimizer = keras.optimizers.deserialize(keras.optimizers.serialize(model.optimizer))
-            sync = WaveSync(w, servers, local_flat, n_m, clock_distance)
+            sync = WaveSync(w, servers, local_flat, n_m, clock_distance,
+                            fresh_pulls=fresh_pulls)
             rt = PipelineRuntime(stages, optimizer, n_m, update_metrics, local=local_by_stage,
                                  after_apply=sync.after_apply, update_thread=True,
                                  metrics_lock=metrics_lock)

@@ -3,8 +3,8 @@
 import pytest
 
 from hetpipe_tf.observe import stage_stats, staleness, throughput
-from hetpipe_tf.strategy.runtime import TraceEvent
-from hetpipe_tf.strategy.schedule import Task, TaskKind, simulate
+from hetpipe_tf.pipeline.runtime import TraceEvent
+from hetpipe_tf.core.schedule import Task, TaskKind, simulate
 
 F, B, FB = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.FORWARD_BACKWARD
 

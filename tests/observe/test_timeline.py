@@ -7,8 +7,8 @@ import pytest
 
 from hetpipe_tf.observe import chrome_trace, draw_pipeline_png, normalize, write_chrome_trace
 from hetpipe_tf.partitioner.plan import Plan, StagePlan
-from hetpipe_tf.strategy.runtime import TraceEvent
-from hetpipe_tf.strategy.schedule import Task, TaskKind, simulate
+from hetpipe_tf.pipeline.runtime import TraceEvent
+from hetpipe_tf.core.schedule import Task, TaskKind, simulate
 
 F, B, FB = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.FORWARD_BACKWARD
 

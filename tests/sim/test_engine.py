@@ -7,7 +7,7 @@ import pytest
 from hetpipe_tf.cluster.spec import paper_cluster
 from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.sim.model import PSShard, SimConfig, SimStage, VirtualWorker
-from hetpipe_tf.strategy import schedule
+from hetpipe_tf.core import schedule
 
 CLUSTER = paper_cluster()  # host0..host3, 4 GPUs each, PCIe 15.75 GB/s, IB 7 GB/s
 

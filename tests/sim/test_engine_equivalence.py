@@ -11,13 +11,13 @@ import heapq
 from hypothesis import given, settings, strategies as st
 
 from hetpipe_tf.cluster.spec import paper_cluster
-from hetpipe_tf.ps import wsp
+from hetpipe_tf.core import wsp
 from hetpipe_tf.sim import engine
 from hetpipe_tf.sim.fixed_point import simulate_fixed_point
 from hetpipe_tf.sim.transfers import Transfer, TransferLog
 from hetpipe_tf.sim.model import PSShard, SimConfig, SimStage, VirtualWorker
 from hetpipe_tf.sim.result import summarise
-from hetpipe_tf.strategy.schedule import TaskKind, simulate as simulate_pipeline
+from hetpipe_tf.core.schedule import TaskKind, simulate as simulate_pipeline
 from tests.sim.scenarios import scenarios as shared_scenarios
 
 CLUSTER = paper_cluster()  # host0..host3, 4 GPUs each, PCIe 15.75 GB/s, IB 7 GB/s

@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from hetpipe_tf.sim.model import SimConfig
 from hetpipe_tf.sim.pipelines import final_waves, gates, pull_waves
-from hetpipe_tf.strategy.schedule import simulate
+from hetpipe_tf.core.schedule import simulate
 
 times = st.one_of(st.sampled_from([0.0, 0.5, 1.0]),
                   st.floats(min_value=0.0, max_value=3.0, allow_nan=False))

@@ -3,9 +3,9 @@
 from hypothesis import given, settings, strategies as st
 
 from hetpipe_tf.cluster.spec import paper_cluster
-from hetpipe_tf.ps import wsp
+from hetpipe_tf.core import wsp
 from hetpipe_tf.sim.engine import simulate
-from hetpipe_tf.strategy.schedule import TaskKind, check_trace, per_stage_order
+from hetpipe_tf.core.schedule import TaskKind, check_trace, per_stage_order
 from tests.sim.scenarios import scenarios as shared_scenarios
 
 CLUSTER = paper_cluster()

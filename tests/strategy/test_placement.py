@@ -5,8 +5,8 @@ import tensorflow as tf
 
 from hetpipe_tf import _keras_shim as keras_shim
 from hetpipe_tf.strategy import HetPipeStrategy, StageSpec, manual_plan
-from hetpipe_tf.strategy.program import Program
-from hetpipe_tf.strategy.stage import Stage
+from hetpipe_tf.pipeline.program import Program
+from hetpipe_tf.pipeline.stage import Stage
 from tests.strategy.helpers import DEVICES, regression_data, skip_model
 
 

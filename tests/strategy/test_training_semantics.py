@@ -2,14 +2,15 @@
 
 N_m = 1 equals plain Keras training on one device; N_m > 1 equals an independent reference
 of the local staleness rule (tests/strategy/helpers.py); the runtime's per-minibatch record
-and its task trace obey the rules of hetpipe_tf.strategy.schedule.
+and its task trace obey the rules of hetpipe_tf.core.schedule.
 """
 
 import keras
 import numpy as np
 import pytest
 
-from hetpipe_tf.strategy import HetPipeStrategy, even_plan, schedule
+from hetpipe_tf.core import schedule
+from hetpipe_tf.strategy import HetPipeStrategy, even_plan
 from tests.strategy.helpers import (DEVICES, assert_weights_close, regression_data,
                                     skip_model, staleness_reference)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hetpipe_tf.ps import wsp
+from hetpipe_tf.core import wsp
 from hetpipe_tf.strategy import HetPipeStrategy, even_plan
 from tests.strategy.helpers import (DEVICES, assert_weights_close, regression_data,
                                     skip_model)

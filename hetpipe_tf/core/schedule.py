@@ -177,9 +177,19 @@ def per_stage_order(events: Iterable[Event]) -> dict[int, list[Task]]:
     return out
 
 
+class ScheduleViolation(ValueError):
+    """A recorded trace breaks a Section 4 rule (raised by `check_trace`, never `assert`:
+    the checks must hold under `python -O` too)."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ScheduleViolation(message)
+
+
 def check_trace(stage_orders: Mapping[int, Sequence[Task]], num_stages: int, n_m: int,
                 completions: Sequence[int] | None = None) -> None:
-    """Raise AssertionError unless per-stage task orders obey the Section 4 rules.
+    """Raise ScheduleViolation unless per-stage task orders obey the Section 4 rules.
 
     Checks per-stage order of forward and backward tasks, the last stage's single task, and
     (on stage 0, which sees each minibatch first and last) at most N_m minibatches in
@@ -191,28 +201,29 @@ def check_trace(stage_orders: Mapping[int, Sequence[Task]], num_stages: int, n_m
         kinds = task_kinds(j, k)
         for kind in kinds:
             ps = [t.minibatch for t in tasks if t.kind is kind]
-            assert ps == sorted(ps), f"stage {j} runs {kind.value} out of order: {ps}"
-            assert len(set(ps)) == len(ps), f"stage {j} repeats a {kind.value} task: {ps}"
+            _require(ps == sorted(ps), f"stage {j} runs {kind.value} out of order: {ps}")
+            _require(len(set(ps)) == len(ps), f"stage {j} repeats a {kind.value} task: {ps}")
         if j == k - 1:
-            assert all(t.kind is TaskKind.FORWARD_BACKWARD for t in tasks), (
-                f"last stage {j} must run forward+backward as one task")
+            _require(all(t.kind is TaskKind.FORWARD_BACKWARD for t in tasks), (
+                f"last stage {j} must run forward+backward as one task"))
         else:
-            assert not any(t.kind is TaskKind.FORWARD_BACKWARD for t in tasks)
+            _require(not any(t.kind is TaskKind.FORWARD_BACKWARD for t in tasks),
+                     f"stage {j} runs a fwd+bwd task but is not the last stage")
             # A backward of p on stage j never precedes its forward.
             seen_fwd: set[int] = set()
             for t in tasks:
                 if t.kind is TaskKind.FORWARD:
                     seen_fwd.add(t.minibatch)
                 else:
-                    assert t.minibatch in seen_fwd, f"stage {j}: bwd {t.minibatch} before fwd"
+                    _require(t.minibatch in seen_fwd, f"stage {j}: bwd {t.minibatch} before fwd")
     # In flight on stage 0 (it sees each minibatch first and last): at most N_m forwards
     # started whose backward has not run.
     in_flight = 0
     for t in stage_orders.get(0, ()):
         if t.kind in (TaskKind.FORWARD, TaskKind.FORWARD_BACKWARD):
             in_flight += 1
-            assert in_flight <= n_m, f"more than N_m={n_m} minibatches in flight"
+            _require(in_flight <= n_m, f"more than N_m={n_m} minibatches in flight")
         if t.kind in (TaskKind.BACKWARD, TaskKind.FORWARD_BACKWARD):
             in_flight -= 1
     if completions is not None:
-        assert list(completions) == sorted(completions), f"completion order: {completions}"
+        _require(list(completions) == sorted(completions), f"completion order: {completions}")

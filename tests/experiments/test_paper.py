@@ -4,7 +4,7 @@ import pytest
 
 from hetpipe_tf.cluster.spec import paper_cluster
 from hetpipe_tf.partitioner.profile import LayerCost, ModelProfile
-from hetpipe_tf.sim import paper
+from experiments import paper
 from hetpipe_tf.sim.scenario import ScenarioResult, simulate_scenario, single_device_samples_per_s
 
 SPEED = {"TITAN_V": 1.0, "TITAN_RTX": 0.9, "RTX_2060": 2.3, "QUADRO_P4000": 2.8}

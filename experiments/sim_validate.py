@@ -1,6 +1,6 @@
 r"""Simulator against a real run on this machine (prints a table; asserts nothing).
 
-  python -m hetpipe_tf.sim.validate [--nm=1,2,4] [--steps=30] [--repeats=3]
+  python -m experiments.sim_validate [--nm=1,2,4] [--steps=30] [--repeats=3]
 
 The pipeline benchmark's model (benchmarks/pipeline_benchmark.py: 24 x Dense(512) +
 Dense(10), batch 256) on ONE virtual worker of 2 logical CPU devices with one intra-op
@@ -101,7 +101,7 @@ def overlap_fraction(events) -> float:
 
 
 def _trace_times(trace, k: int) -> tuple[list[float], list[float]]:
-    from hetpipe_tf.strategy.schedule import TaskKind
+    from hetpipe_tf.core.schedule import TaskKind
     by = {}
     for e in trace:
         by.setdefault((e.task.stage, e.task.kind), []).append(e.end - e.start)

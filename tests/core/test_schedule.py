@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hetpipe_tf.strategy import schedule as sch
-from hetpipe_tf.strategy.schedule import Task, TaskKind
+from hetpipe_tf.core import schedule as sch
+from hetpipe_tf.core.schedule import Task, TaskKind
 
 F, B, FB = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.FORWARD_BACKWARD
 
@@ -96,9 +96,9 @@ def test_reflected_updates_properties(n_m, p, offset):
 
 
 def test_check_trace_catches_violations():
-    with pytest.raises(AssertionError, match="out of order"):
+    with pytest.raises(sch.ScheduleViolation, match="out of order"):
         sch.check_trace({0: [Task(0, 2, F), Task(0, 1, F)], 1: []}, 2, 2)
-    with pytest.raises(AssertionError, match="in flight"):
+    with pytest.raises(sch.ScheduleViolation, match="in flight"):
         sch.check_trace({0: [Task(0, 1, F), Task(0, 2, F), Task(0, 3, F)]}, 2, 2)
-    with pytest.raises(AssertionError, match="one task"):
+    with pytest.raises(sch.ScheduleViolation, match="one task"):
         sch.check_trace({0: [], 1: [Task(1, 1, F)]}, 2, 2)

@@ -1,7 +1,7 @@
 """Pure clock rules of Wave Synchronous Parallel (paper Section 5), no timing.
 
 Minibatches of a VW are numbered from 1, waves from 0 (wave w = minibatches
-w*N_m+1 .. (w+1)*N_m, `strategy.schedule.wave_of`). The VW pushes the aggregated update of
+w*N_m+1 .. (w+1)*N_m, `core.schedule.wave_of`). The VW pushes the aggregated update of
 wave c when it completes the wave's last minibatch; its local clock is then c+1.
 
 Rule (Section 5): a VW with local clock c must use weights that include the updates of
@@ -23,7 +23,7 @@ r+D), once every VW pushed wave r (`pull_after_wave`).
 
 from __future__ import annotations
 
-from hetpipe_tf.strategy.schedule import wave_of
+from hetpipe_tf.core.schedule import wave_of
 
 
 def _check(name: str, value: int, low: int) -> None:

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.partitioner.layer_graph import TensorRef
-from hetpipe_tf.strategy.program import Program
+from hetpipe_tf.pipeline.program import Program
 
 
 def _unique(variables) -> list:

@@ -3,7 +3,7 @@ as documented facts: each a named constant with its source (docs/paper_reproduct
 
 `PaperSetup` gathers them; `PAPER_SETUP` is the reproduction, `NOMINAL_SETUP` the model
 before these facts, `WHAT_IF_SETUP` a labelled what-if fitted to the paper's own Horovod
-cells (NOT the reproduction). Used by `hetpipe_tf.sim.paper`.
+cells (NOT the reproduction). Used by `experiments.paper`.
 """
 
 from __future__ import annotations

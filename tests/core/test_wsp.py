@@ -1,6 +1,6 @@
 """Pure WSP clock rules (paper Section 5, Figure 3)."""
 
-from hetpipe_tf.ps import wsp
+from hetpipe_tf.core import wsp
 
 
 def test_wsp_rules_figure3():

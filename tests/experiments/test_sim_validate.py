@@ -1,8 +1,8 @@
-"""hetpipe_tf.sim.validate's pure helper (the validation itself is a binary, not a test)."""
+"""experiments.sim_validate's pure helper (the validation itself is a binary, not a test)."""
 
 from hetpipe_tf.sim.result import SimEvent
-from hetpipe_tf.sim.validate import overlap_fraction
-from hetpipe_tf.strategy.schedule import Task, TaskKind
+from experiments.sim_validate import overlap_fraction
+from hetpipe_tf.core.schedule import Task, TaskKind
 
 
 def _ev(vw, stage, start, end):

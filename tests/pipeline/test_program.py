@@ -9,7 +9,7 @@ import pytest
 
 from hetpipe_tf.partitioner.layer_graph import TensorRef
 from hetpipe_tf.strategy import StageSpec, manual_plan
-from hetpipe_tf.strategy.program import Program
+from hetpipe_tf.pipeline.program import Program
 from hetpipe_tf.strategy.validation import check_plan
 from tests.strategy.helpers import DEVICES
 

@@ -9,7 +9,7 @@ cell of Table 4 or to Figure 5.
 
 The setup the paper ran on (TensorFlow 1.12, CUDA 10.0, Horovod over NCCL, Section 8.1) is
 modelled by `PaperSetup` from facts that are documented elsewhere, each a named constant
-in `hetpipe_tf.sim.paper_setup` with its source, each printed in the tables' header
+in `experiments.paper_setup` with its source, each printed in the tables' header
 (docs/paper_reproduction.md):
 
 * tensors between TF tasks (activations across hosts, parameter pushes/pulls to a PS on
@@ -30,7 +30,7 @@ in `hetpipe_tf.sim.paper_setup` with its source, each printed in the tables' hea
 GPU memory, Horovod without overlap); `WHAT_IF_SETUP` is the old fit of link bandwidths to
 the paper's own Horovod numbers, a what-if and NOT the reproduction.
 
-    from hetpipe_tf.sim import paper
+    from experiments import paper
     print(paper.main(cache_dir="/tmp/hetpipe_profiles"))   # all three tables
     paper.table4(cache_dir=...), paper.figure5(cache_dir=...), paper.scaling(cache_dir=...)
     paper.table4(cache_dir=..., setup=paper.NOMINAL_SETUP)  # the model before
@@ -52,7 +52,7 @@ from hetpipe_tf.cluster.spec import Cluster, Device, Host
 from hetpipe_tf.partitioner.plan import PartitionError
 from hetpipe_tf.partitioner.profile import ModelProfile
 from hetpipe_tf.ps.placement import PlacementPolicy
-from hetpipe_tf.sim.paper_setup import (  # noqa: F401  (re-exported: paper.NOMINAL_SETUP)
+from experiments.paper_setup import (  # noqa: F401  (re-exported: paper.NOMINAL_SETUP)
     CUDA_CONTEXT_BYTES, GIB, IB_FDR_ACHIEVED_BANDWIDTH, MIB, NOMINAL_SETUP, PAPER_SETUP,
     PAPER_TYPES, TF_GRPC_BANDWIDTH, WHAT_IF_SETUP, PaperSetup, backward_kept_bytes,
     tf112_gpu_memory_limit, with_kept_activations)

@@ -26,9 +26,9 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from hetpipe_tf.strategy.schedule import Task, TaskKind
-from hetpipe_tf.strategy.stage import Stage
-from hetpipe_tf.strategy.weights import Version, WeightVersions
+from hetpipe_tf.core.schedule import Task, TaskKind
+from hetpipe_tf.pipeline.stage import Stage
+from hetpipe_tf.pipeline.weights import Version, WeightVersions
 
 _STOP = object()
 

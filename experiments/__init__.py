@@ -1,0 +1,1 @@
+"""Experiment programs (paper reproduction, simulator validation): not installed."""

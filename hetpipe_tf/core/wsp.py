@@ -18,10 +18,18 @@ wave 0). We follow the clock rule and the example; `first_gated_minibatch` gives
 first p that needs a global wave: (D+1)*N_m + N_m (= 8 in the example).
 
 The pull that satisfies wave r is issued after the VW pushed wave r+D (the end of clock
-r+D), once every VW pushed wave r (`pull_after_wave`).
+r+D), once every VW pushed wave r (`pull_after_wave`). In clock form: weights taken while
+a VW's clock is k (k waves pushed) must include `waves_needed(k, D)` = k - D waves of every
+VW (`bound_holds`).
+
+Beyond the bound (issue 8, point 9): at every wave end a VW may also take whatever newer
+w_global the servers hold, without waiting (`fresh_pull_due`); and clocks continue across
+runs, a run start lifting every clock to the largest (`clocks_at_run_start`).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 from hetpipe_tf.core.schedule import wave_of
 
@@ -79,3 +87,44 @@ def wave_pulled_after_push(pushed_wave: int, clock_distance: int) -> int | None:
     _check("clock_distance", clock_distance, 0)
     r = pushed_wave - clock_distance
     return r if r >= 0 else None
+
+
+def waves_needed(clock: int, clock_distance: int) -> int:
+    """How many waves of EVERY VW (waves 0..k-D-1) the weights a VW uses at local clock
+    k (= waves it pushed) must include: max(0, k - D). After pushing wave c the clock is
+    c + 1, so this is the wave `wave_pulled_after_push(c, D)` plus one."""
+    _check("clock", clock, 0)
+    _check("clock_distance", clock_distance, 0)
+    return max(0, clock - clock_distance)
+
+
+def bound_holds(held: Sequence[int], clock: int, clock_distance: int) -> bool:
+    """Whether weights that include `held[w]` waves of each VW w satisfy WSP's bound for a
+    VW at local clock `clock` (Section 5)."""
+    return min(held) >= waves_needed(clock, clock_distance)
+
+
+def fresh_pull_due(worker: int, held: Sequence[int], on_servers: Sequence[int]) -> bool:
+    """Whether w_global on the servers (`on_servers[w]` waves of each VW w) holds a wave of
+    ANOTHER VW that weights including `held` lack, so a pull at a wave end adds something.
+    This VW's own waves never make a pull due: its w_local already has all its updates."""
+    if len(held) != len(on_servers) or not 0 <= worker < len(held):
+        raise ValueError(f"held and on_servers need one clock per VW and worker must index "
+                         f"them. Received: worker={worker}, held={tuple(held)}, "
+                         f"on_servers={tuple(on_servers)}.")
+    return any(s > h for w, (h, s) in enumerate(zip(held, on_servers)) if w != worker)
+
+
+def clocks_at_run_start(clocks: Sequence[int]) -> tuple[int, ...]:
+    """The clocks a new run starts from: every VW at the largest clock of the previous run.
+
+    A run ends with every VW drained and its unfinished wave pushed (a partial final wave
+    counts as one wave, so its clock advances by one); w_global then holds every update
+    of every VW. The VWs behind the largest clock have no more updates to push: their
+    missing waves are empty, so every VW's clock may stand at the largest and the run-start
+    weights meet the bound for all of them (`bound_holds(clocks, max, D)` for any D). Not
+    lifting them would leave a fast VW up to D + 2 waves ahead at the next run's start,
+    using weights that lack waves the slow VW has yet to compute.
+    """
+    top = max(clocks)
+    return (top,) * len(clocks)

@@ -11,9 +11,11 @@ process owns these variables and drives every virtual worker, as ClusterCoordina
 - `wait_for_wave(r)`: block until every worker pushed wave r (global clock > r), or until
   the run ends (`end_run`: no more minibatches will come, so nobody may wait any longer).
 - `pull()`: the current w_global with the clock vector it reflects (how many waves of each
-  worker are in it), read atomically with respect to pushes.
+  worker are in it), read atomically with respect to pushes; `pull_if_newer(worker, held)`
+  the same, but only when another worker pushed a wave that `held` lacks (never waits).
 
-Clocks count waves within a run (`start_run` resets them); see docs/wsp.md for runs.
+Clocks continue across runs: `start_run` lifts every clock to the largest
+(`wsp.clocks_at_run_start`), it never resets them; see docs/wsp.md for runs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import threading
 from typing import Sequence
 
 import tensorflow as tf
+
+from hetpipe_tf.core import wsp
 
 
 def read_values(variables: Sequence[tf.Variable]) -> list:
@@ -72,13 +76,15 @@ class ParameterServers:
         self._released = False
         self.pushes: list[Push] = []
         self._run_first_push = 0   # index in `pushes` of the current run's first push
+        self.run_start_clocks: list[tuple[int, ...]] = []   # clocks at each run's start
         self.pull_count = 0
         self._add = tf.function(self._add_impl, reduce_retracing=True)
 
     # --- clocks -------------------------------------------------------------------------
     @property
     def clocks(self) -> tuple[int, ...]:
-        """Local clock of every worker: waves pushed in this run."""
+        """Local clock of every worker: waves pushed since training began (a run start
+        lifts the clocks behind to the largest)."""
         with self._cond:
             return tuple(self._pushed)
 
@@ -97,12 +103,15 @@ class ParameterServers:
 
     # --- runs ---------------------------------------------------------------------------
     def start_run(self, values: Sequence | None = None) -> None:
-        """A new run: clocks restart at 0; w_global := values when given."""
+        """A new run: w_global := values when given; clocks continue, every one lifted to
+        the largest (`wsp.clocks_at_run_start`: the workers behind have nothing left to
+        push, so the run-start w_global holds all their waves)."""
         with self._cond:
             if values is not None:
                 for v, x in zip(self.variables, values):
                     v.assign(x)
-            self._pushed = [0] * self.num_workers
+            self._pushed = list(wsp.clocks_at_run_start(self._pushed))
+            self.run_start_clocks.append(tuple(self._pushed))
             self._released = False
             self._run_first_push = len(self.pushes)
 
@@ -140,5 +149,16 @@ class ParameterServers:
     def pull(self) -> tuple[list, tuple[int, ...]]:
         """(w_global as tensors on the servers' devices, clocks it reflects)."""
         with self._cond:
+            self.pull_count += 1
+            return read_values(self.variables), tuple(self._pushed)
+
+    def pull_if_newer(self, worker: int, held: Sequence[int]
+                      ) -> tuple[list, tuple[int, ...]] | None:
+        """`pull()` if another worker pushed a wave that weights including `held` lack
+        (`wsp.fresh_pull_due`), else None; never waits for a wave. The check and the read
+        are one atomic step, so the clocks returned are exactly those of the values."""
+        with self._cond:
+            if not wsp.fresh_pull_due(worker, held, self._pushed):
+                return None
             self.pull_count += 1
             return read_values(self.variables), tuple(self._pushed)

@@ -7,18 +7,24 @@ added to w_local, before the version of minibatch q + N_m is taken:
 - when q completes wave c (`wsp.wave_completed_by`), the VW pushes the wave's aggregated
   update u~ = w_local - (w_local when the wave started) to the parameter servers;
 - then, if c >= D, it waits until every VW pushed wave c - D (`wsp.wave_pulled_after_push`)
-  and pulls: w_local := w_global. Every update of this VW is in w_global at that moment (it
-  just pushed, and the updater applies nothing while it waits), so nothing local is lost.
+  and pulls: w_local := w_global;
+- otherwise, with `fresh_pulls` (the default), it pulls without waiting if the servers
+  hold a wave of another VW that w_local lacks (`ParameterServers.pull_if_newer`).
 
-The updater, not a stage, waits: the stages keep computing the s_local minibatches of the
-next wave that already started, as the paper allows. The version of q + N_m is taken after
-the pull, so it reflects exactly the local updates 1..q and at least every VW's waves
-0..c-D. `record[p]` holds the clock vector (waves of each VW in w_global) that minibatch
-p's weights reflect; with the runtime's own record of local updates it pins the version
-down exactly (tests rebuild every minibatch's weights from it).
+A pull replaces w_local by w_global, which is right only because every update of this VW
+is in w_global at that moment: pulls happen only right after this VW's push, and the
+updater applies nothing while it pulls. The updater, not a stage, waits: the stages keep
+computing the s_local minibatches of the next wave that already started, as the paper
+allows. The version of q + N_m is taken after the pull, so it reflects exactly the local
+updates 1..q and at least every VW's waves 0..c-D. `record[p]` holds the clock vector
+(waves of each VW that minibatch p's weights include; for this VW, the waves it had pushed
+when the version was taken, its later updates being in the runtime's record); with the
+runtime's record of local updates it pins the version down exactly (tests rebuild every
+minibatch's weights from it).
 
-Clocks, waves and records restart with each run (`start_run`); at the end of a run `flush`
-pushes the updates of an unfinished wave so that w_global holds every update.
+Clocks continue across runs: a run starts from the servers' clocks (every VW lifted to the
+largest, `wsp.clocks_at_run_start`) and its waves are numbered from there; at the end of a
+run `flush` pushes the updates of an unfinished wave (a short wave, counted as one).
 """
 
 from __future__ import annotations
@@ -56,10 +62,15 @@ class WaveSync:
         self.local = list(local)
         self.n_m = n_m
         self.clock_distance = clock_distance
-        self.fresh_pulls = fresh_pulls  # TODO(issue 8, point 9a): not used yet
+        if not isinstance(fresh_pulls, bool):
+            raise ValueError(f"fresh_pulls must be a bool. Received: fresh_pulls="
+                             f"{fresh_pulls!r}; pass True or False.")
+        self.fresh_pulls = fresh_pulls
         self.record: dict[int, tuple[int, ...]] = {}
         self.wait_s = 0.0   # time spent waiting for other VWs' waves
+        self.fresh_pull_count = 0   # pulls at a wave end with c < D (nothing to wait for)
         self._run_start = 1
+        self._run_first_wave = 0
         self._since_push = 0
         self._waves_pushed = 0
         self._vector = (0,) * servers.num_workers
@@ -80,16 +91,23 @@ class WaveSync:
             with tf.device(v.device):
                 v.assign(x)
 
+    @property
+    def clock(self) -> int:
+        """This VW's local clock: the waves it pushed since training began (counting the
+        waves it was lifted over at run starts)."""
+        return self._waves_pushed
+
     # --- runs ---------------------------------------------------------------------------
     def start_run(self, first: int) -> None:
-        """A run starts at this VW's minibatch `first`: w_local := w_global, clocks 0."""
+        """A run starts at this VW's minibatch `first` (after `ParameterServers.start_run`):
+        w_local := w_global; waves are numbered on from the servers' clock of this VW."""
         values, vector = self.servers.pull()
         self._assign(values)
         self._base = read_values(self.local)
         self._vector = vector
         self._run_start = first
         self._since_push = 0
-        self._waves_pushed = 0
+        self._waves_pushed = self._run_first_wave = vector[self.worker]
         for p in range(first, first + self.n_m):
             self.record[p] = vector
 
@@ -101,12 +119,15 @@ class WaveSync:
     # --- the hook of the pipeline runtime ------------------------------------------------
     def after_apply(self, q: int) -> None:
         self._since_push += 1
-        c = wsp.wave_completed_by(q - self._run_start + 1, self.n_m)
-        if c is not None:
+        k = wsp.wave_completed_by(q - self._run_start + 1, self.n_m)
+        if k is not None:
+            c = self._run_first_wave + k
             self._push(c)
             r = wsp.wave_pulled_after_push(c, self.clock_distance)
             if r is not None:
                 self._pull(r)
+            elif self.fresh_pulls:
+                self._fresh_pull()
         self.record[q + self.n_m] = self._vector
 
     def _push(self, wave: int, final: bool = False) -> None:
@@ -114,12 +135,24 @@ class WaveSync:
         self._base = read_values(self.local)
         self._since_push = 0
         self._waves_pushed = wave + 1
+        # w_local holds every update of this VW: all of its pushed waves.
+        self._vector = tuple(wave + 1 if w == self.worker else n
+                             for w, n in enumerate(self._vector))
 
     def _pull(self, wave: int) -> None:
         t0 = time.perf_counter()
         self.servers.wait_for_wave(wave)
         self.wait_s += time.perf_counter() - t0
-        values, vector = self.servers.pull()
+        self._take(self.servers.pull())
+
+    def _fresh_pull(self) -> None:
+        pulled = self.servers.pull_if_newer(self.worker, self._vector)
+        if pulled is not None:
+            self.fresh_pull_count += 1
+            self._take(pulled)
+
+    def _take(self, pulled: tuple[list, tuple[int, ...]]) -> None:
+        values, vector = pulled
         self._assign(values)
         self._base = read_values(self.local)
         self._vector = vector

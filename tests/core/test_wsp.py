@@ -1,5 +1,9 @@
 """Pure WSP clock rules (paper Section 5, Figure 3)."""
 
+import hypothesis
+import hypothesis.strategies as st
+import pytest
+
 from hetpipe_tf.core import wsp
 
 
@@ -41,3 +45,36 @@ def test_the_pull_after_each_push_brings_what_the_next_versions_need():
                     assert needs[0] == pulled
                     assert all(r is not None and r <= pulled for r in needs)
                     assert wsp.pull_after_wave(pulled, d) == c
+
+
+def test_waves_needed_is_the_clock_form_of_the_paper_bound():
+    # In a run from clock 0, the version taken after the q-th update serves minibatch
+    # q + N_m while the VW's clock is q // N_m (the run-start versions at clock 0): the
+    # clock form must demand exactly the waves required_global_wave demands, no more.
+    for d in range(5):
+        for n_m in range(1, 6):
+            for p in range(1, n_m + 1):
+                assert wsp.required_global_wave(p, n_m, d) is None
+                assert wsp.waves_needed(0, d) == 0
+            for q in range(1, 40):
+                r = wsp.required_global_wave(q + n_m, n_m, d)
+                assert wsp.waves_needed(q // n_m, d) == (0 if r is None else r + 1), (d, n_m, q)
+    assert wsp.bound_holds((3, 5), 5, 2) and not wsp.bound_holds((2, 5), 5, 2)
+
+
+def test_a_fresh_pull_is_due_only_for_another_workers_newer_wave():
+    assert wsp.fresh_pull_due(0, (1, 2), (1, 3))
+    assert not wsp.fresh_pull_due(0, (1, 2), (1, 2))
+    assert not wsp.fresh_pull_due(0, (1, 2), (4, 2))     # only its own wave is newer
+    assert wsp.fresh_pull_due(1, (0, 0, 0), (0, 0, 1))
+    with pytest.raises(ValueError, match="one clock per VW.*worker=2"):
+        wsp.fresh_pull_due(2, (0, 0), (0, 0))
+
+
+@hypothesis.given(st.lists(st.integers(0, 50), min_size=1, max_size=6), st.integers(0, 8))
+def test_a_run_starts_with_every_clock_at_the_largest_and_the_bound_met(clocks, d):
+    start = wsp.clocks_at_run_start(clocks)
+    assert len(start) == len(clocks) and set(start) == {max(clocks)}
+    assert all(s >= c for s, c in zip(start, clocks))   # clocks never go back
+    # The run-start w_global holds every wave pushed: it meets the bound of every VW.
+    assert all(wsp.bound_holds(start, c, d) for c in start)

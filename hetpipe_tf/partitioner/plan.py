@@ -63,12 +63,34 @@ class Plan:
         if not self.stages:
             raise PartitionError("A plan needs at least one stage. Received: stages=().")
         expected = 0
-        for stage in self.stages:
+        seen: dict[str, int] = {}
+        for position, stage in enumerate(self.stages):
+            if stage.index != position:
+                raise PartitionError(
+                    "Plan stages must be numbered 0, 1, ... in pipeline order. Received: "
+                    f"stage at position {position} with index={stage.index}; set "
+                    f"index={position} (or rebuild the plan).")
             if stage.first != expected or stage.last < stage.first:
                 raise PartitionError(
                     "Plan stages must cover the layer graph with contiguous, non-empty ranges "
                     f"in order. Received: stage {stage.index} with first={stage.first}, "
                     f"last={stage.last}; expected first={expected}.")
+            # A hand-edited JSON can make layer_names disagree with first..last, and the
+            # runtime places layers by name while the simulator counts by range.
+            if len(stage.layer_names) != stage.num_layers:
+                raise PartitionError(
+                    f"Plan stage {stage.index} covers nodes {stage.first}..{stage.last} "
+                    f"({stage.num_layers} layers) but lists {len(stage.layer_names)} layer "
+                    f"names. Received: layer_names={list(stage.layer_names)[:6]}; list "
+                    "exactly one name per node of first..last, or fix first/last.")
+            for name in stage.layer_names:
+                if name in seen:
+                    raise PartitionError(
+                        "A layer appears twice in the plan (every layer runs on one stage). "
+                        f"Received: layer {name!r} in stage {seen[name]} and stage "
+                        f"{stage.index}; list each layer once (rebuild the plan with "
+                        "hetpipe_tf.partitioner.plan_model or strategy.manual_plan).")
+                seen[name] = stage.index
             expected = stage.last + 1
         if expected != self.num_layers:
             raise PartitionError(
@@ -124,16 +146,45 @@ class Plan:
         if unknown:
             raise ValueError(f"Unknown keys in a plan. Received: {sorted(unknown)}; expected "
                              f"a subset of {sorted(fields)}.")
-        stages = tuple(
-            StagePlan(**{**s, "layer_names": tuple(s["layer_names"])}) for s in d["stages"])
-        return cls(**{**d, "stages": stages})
+        missing = {f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING} - set(d)
+        if missing:
+            raise ValueError(f"A plan lacks required keys. Received: keys={sorted(d)}; add "
+                             f"{sorted(missing)} (write plans with Plan.save / to_json).")
+        stage_fields = {f.name for f in dataclasses.fields(StagePlan)}
+        stage_required = {f.name for f in dataclasses.fields(StagePlan)
+                          if f.default is dataclasses.MISSING}
+        stages = []
+        for j, s in enumerate(d["stages"]):
+            bad = set(s) - stage_fields
+            lacking = stage_required - set(s)
+            if bad or lacking:
+                raise ValueError(
+                    f"Plan stage {j} has unknown or missing keys. Received: unknown="
+                    f"{sorted(bad)}, missing={sorted(lacking)}; use exactly "
+                    f"{sorted(stage_required)} (plus emulated_speed_factor).")
+            names = s["layer_names"]
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+                raise ValueError(
+                    f"Plan stage {j}: layer_names must be a list of layer-name strings. "
+                    f"Received: layer_names={names!r}; list one name per layer.")
+            stages.append(StagePlan(**{**s, "layer_names": tuple(names)}))
+        return cls(**{**d, "stages": tuple(stages)})
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        return cls.from_dict(json.loads(text))
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"A plan file is not valid JSON. Received: {e}; write plans "
+                             "with Plan.save / to_json.") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"A plan's JSON must be an object. Received: {type(d).__name__}; "
+                             "write plans with Plan.save / to_json.")
+        return cls.from_dict(d)
 
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:

@@ -49,6 +49,15 @@ def measurable_devices(devices: Sequence[Device]) -> dict[str, str]:
     return found
 
 
+def _check_count(name: str, value: Any, fix: str, none_ok: bool = False) -> None:
+    # bool is an int in Python, and "2" from a flag or a config would fail later as a
+    # TypeError deep in the MILP: refuse both here, by name.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PartitionError(
+            f"{name} must be {'None or ' if none_ok else ''}an int >= 1. Received: "
+            f"{name}={value!r}; pass {fix}.")
+
+
 def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
                devices: Sequence[Device | str] | None = None, n_m: int | None = None,
                optimizer: Any = "sgd", measure: bool = True, max_n_m: int = 32,
@@ -63,6 +72,11 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
       measure: time device types present in this process (module doc); else estimate all.
       profile: reuse a profile made earlier (same model and batch size).
     """
+    _check_count("batch_size", batch_size, "the minibatch size, e.g. batch_size=32")
+    if n_m is not None:
+        _check_count("n_m", n_m, "n_m=None for min(Max_m, devices) or e.g. n_m=2",
+                     none_ok=True)
+    _check_count("max_n_m", max_n_m, "e.g. max_n_m=32")
     chosen = [cluster.device(d) for d in (devices if devices is not None else cluster.devices)]
     if not chosen:
         raise PartitionError("The cluster has no compute devices to plan on. Received: "

@@ -83,6 +83,7 @@ def check_model(model, strategy) -> None:
     if model.optimizer is None:
         raise ValueError("The model has no optimizer. Received: optimizer=None; call "
                          "model.compile(optimizer=...) inside strategy.scope().")
+    _check_compile(model, strategy)
     if _keras_shim.functional_graph(model) is None:
         if isinstance(model, keras.Sequential):
             raise ValueError(
@@ -106,6 +107,37 @@ def check_model(model, strategy) -> None:
                 "loss with sample weights instead).")
 
 
+def _check_compile(model, strategy) -> None:
+    """What `compile()` chose that the pipelined step cannot honour (docs/validation.md)."""
+    optimizer = model.optimizer
+    # Keras' TF optimizer records the strategy current at its creation; there is no public
+    # accessor (candidate for _keras_shim).
+    created_under = getattr(optimizer, "_distribution_strategy", strategy)
+    if created_under is not strategy:
+        raise ValueError(
+            "compile() was called outside HetPipeStrategy.scope(), so the optimizer belongs "
+            "to another strategy and cannot create its slots or apply updates in the "
+            f"pipeline. Received: optimizer {type(optimizer).__name__} created under "
+            f"{type(created_under).__name__}; call model.compile(...) inside "
+            "`with strategy.scope():`.")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "HetPipeStrategy does not support loss scaling (the mixed_float16 policy wraps "
+            "the optimizer in a LossScaleOptimizer): the pipeline's stages compute unscaled "
+            "gradients, which the optimizer would divide by the loss scale, so training "
+            "would silently crawl. Received: optimizer=LossScaleOptimizer (policy "
+            f"{keras.mixed_precision.global_policy().name!r}); use "
+            "keras.mixed_precision.set_global_policy('mixed_bfloat16') (same range as "
+            "float32, no loss scaling) or 'float32'.")
+    if model.jit_compile is True:
+        raise ValueError(
+            "HetPipeStrategy cannot run with XLA: its training step hands each minibatch to "
+            "the pipeline's threads through tf.py_function, which XLA cannot compile (each "
+            "stage's own functions are compiled by TensorFlow as usual). Received: "
+            "jit_compile=True; call model.compile(..., jit_compile=False) (on a GPU "
+            "machine Keras' default jit_compile='auto' turns XLA on: pass False).")
+
+
 def check_batch(data) -> int:
     """The static batch size of a training batch; varying batch sizes are rejected."""
     flat = [t for t in tf.nest.flatten(data) if t is not None]
@@ -119,8 +151,11 @@ def check_batch(data) -> int:
     return sizes.pop()
 
 
-def check_plan(plan, program, model, batch_size: int) -> None:
-    """The plan's stages name the nodes of `program.graph`, in the graph's order."""
+def check_plan(plan, program, model, batch_size: int, cluster=None) -> None:
+    """The plan's stages name the nodes of `program.graph`, in the graph's order, each on
+    its own device that exists in this process (and in `cluster`: default, the cluster
+    given to the model's strategy when it is a hetpipe_tf Cluster)."""
+    check_plan_devices(plan, _given_cluster(model) if cluster is None else cluster)
     _check_plan_layers([n for s in plan.stages for n in s.layer_names], program.graph)
     if plan.num_layers != len(program.graph):
         raise ValueError(
@@ -151,3 +186,90 @@ def _check_plan_layers(order, graph) -> None:
                 "The plan's layer order is not a topological order of the model: "
                 f"layer {name!r} at position {p} reads a tensor produced later. Received: "
                 f"order={list(order)[:p + 1]}...; make a new plan.")
+
+
+# --- devices ----------------------------------------------------------------------------
+
+def _device_key(tf_device: str) -> tuple:
+    """(job, replica, task, type, index) of a TF device string; None = unspecified."""
+    try:
+        spec = tf.DeviceSpec.from_string(tf_device)
+    except (ValueError, TypeError):
+        raise ValueError(
+            "A plan stage's tf_device is not a TensorFlow device string. Received: "
+            f"tf_device={tf_device!r}; use e.g. '/job:localhost/replica:0/task:0/device:CPU:1'."
+        ) from None
+    kind = spec.device_type.upper() if spec.device_type else None
+    return (spec.job, spec.replica, spec.task, kind, spec.device_index)
+
+
+def _same_device(a: tuple, b: tuple) -> bool:
+    """Whether two device keys can name one device (unspecified fields match anything; a
+    local device name without a job is /job:localhost/replica:0/task:0)."""
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def _local_key(name: str) -> tuple:
+    job, replica, task, kind, index = _device_key(name)
+    if job is None:
+        job, replica, task = "localhost", 0, 0
+    return (job, replica, task, kind, index)
+
+
+def check_plan_devices(plan, cluster=None) -> None:
+    """Every stage on its own device, each existing in this process (TensorFlow's soft
+    placement would otherwise silently run it on another device) and, when `cluster` (a
+    hetpipe_tf Cluster) is given, one of the cluster's devices."""
+    keys = [_device_key(s.tf_device) for s in plan.stages]
+    for j, a in enumerate(keys):
+        for i in range(j):
+            if _same_device(keys[i], a):
+                raise ValueError(
+                    "The plan puts two stages on one device: a device runs one stage of a "
+                    "virtual worker (the planner never does this, and the stages would "
+                    f"share one device's time and memory). Received: stages {i} and {j} on "
+                    f"{plan.stages[i].tf_device!r} and {plan.stages[j].tf_device!r}; give "
+                    "every stage its own device, or merge the two stages into one.")
+    local = [d.name for d in tf.config.list_logical_devices()]
+    local_keys = [_local_key(n) for n in local]
+    connected = any(k[0] != "localhost" for k in local_keys)
+    for s, key in zip(plan.stages, keys):
+        # After connect_to_cluster, /job:localhost means this task under its own job name.
+        probe = (None, None, None) + key[3:] if key[0] == "localhost" and connected else key
+        if not any(_same_device(probe, k) for k in local_keys):
+            raise ValueError(
+                f"Stage {s.index} of the plan names a device that does not exist in this "
+                "process, where TensorFlow would silently run it on another device. "
+                f"Received: tf_device={s.tf_device!r}; use one of {local} "
+                "(tf.config.list_logical_devices()), create more logical devices with "
+                "tf.config.set_logical_device_configuration before TensorFlow starts, or "
+                "connect to the cluster (tf.config.experimental_connect_to_cluster) "
+                "before fit.")
+    if cluster is None:
+        return
+    by_name = {d.name for d in cluster.devices}
+    cluster_keys = [_device_key(d.tf_device) for d in cluster.devices]
+    for s, key in zip(plan.stages, keys):
+        if s.device in by_name or any(_same_device(key, k) for k in cluster_keys):
+            continue
+        raise ValueError(
+            f"Stage {s.index} of the plan runs on a device that is not in the cluster given "
+            f"to HetPipeStrategy. Received: device={s.device!r}, tf_device={s.tf_device!r}; "
+            "use the cluster's devices ("
+            + ", ".join(f"{d.name}={d.tf_device}" for d in cluster.devices[:8])
+            + (", ..." if len(cluster.devices) > 8 else "")
+            + ") or pass the cluster the plan was made for.")
+
+
+def _given_cluster(model):
+    """The hetpipe_tf Cluster given to the model's strategy, if one was (a TF cluster spec
+    names tasks, not devices, so it cannot say which devices a plan may use)."""
+    from hetpipe_tf.cluster.spec import Cluster
+
+    extended = getattr(model.distribute_strategy, "extended", None)
+    given = getattr(extended, "_cluster_arg", None)
+    if isinstance(given, Cluster):
+        return given
+    if isinstance(given, dict) and "hosts" in given:
+        return Cluster.from_dict(given)
+    return None

@@ -61,3 +61,60 @@ def test_stage_lookup_and_table():
     for s in plan.stages:
         assert s.device in text and f"{s.time_s * 1e3:.2f}" in text
     assert "emulated x0.5" in text or all(s.emulated_speed_factor == 1 for s in plan.stages)
+
+
+def _edited(mutate):
+    """A saved plan's JSON, hand-edited by `mutate(dict)`."""
+    import json
+    d = json.loads(_plan().to_json())
+    mutate(d)
+    return json.dumps(d)
+
+
+def test_hand_edited_json_with_a_duplicated_layer_name_is_refused():
+    def dup(d):
+        d["stages"][1]["layer_names"][0] = d["stages"][0]["layer_names"][0]
+    original = _plan()
+    name = original.stages[0].layer_names[0]
+    with pytest.raises(ValueError, match=f"layer {name!r} in stage 0 and stage 1") as info:
+        Plan.from_json(_edited(dup))
+    assert "Received:" in str(info.value)
+
+
+def test_hand_edited_json_with_layer_names_inconsistent_with_first_last_is_refused():
+    def drop(d):
+        d["stages"][0]["layer_names"] = d["stages"][0]["layer_names"][:-1]
+    s0 = _plan().stages[0]
+    with pytest.raises(ValueError, match=f"covers nodes {s0.first}..{s0.last} "
+                       f"\\({s0.num_layers} layers\\) but lists {s0.num_layers - 1}"):
+        Plan.from_json(_edited(drop))
+
+    def shift(d):       # last moved by one without its names (or the next stage's first)
+        d["stages"][0]["last"] += 1
+    with pytest.raises(ValueError, match=f"\\({s0.num_layers + 1} layers\\) but lists "
+                       f"{s0.num_layers} layer names"):
+        Plan.from_json(_edited(shift))
+
+    def shift_both(d):  # names consistent, but the next stage now starts inside this one
+        d["stages"][0]["last"] += 1
+        d["stages"][0]["layer_names"].append(d["stages"][1]["layer_names"][0])
+    with pytest.raises(ValueError, match="contiguous"):
+        Plan.from_json(_edited(shift_both))
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d["stages"][0].pop("tf_device"), "missing=\\['tf_device'\\]"),
+    (lambda d: d.pop("n_m"), "lacks required keys"),
+    (lambda d: d["stages"][0].__setitem__("layer_names", "d1"), "list of layer-name strings"),
+    (lambda d: d["stages"][1].__setitem__("index", 5), "numbered 0, 1"),
+])
+def test_other_hand_edits_are_value_errors_not_type_errors(mutate, match):
+    with pytest.raises(ValueError, match=match):
+        Plan.from_json(_edited(mutate))
+
+
+def test_a_file_that_is_not_json_is_a_value_error(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        Plan.load(str(path))

@@ -38,3 +38,24 @@ def test_default_n_m_and_n_m_above_max_m():
     squeezed = _with_memory(cluster, 3_000_000)
     with pytest.raises(PartitionError, match=r"Max_m=\d+\). Received: n_m=40"):
         plan_model(model, squeezed, 4, n_m=40, profile=result.profile)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"n_m": "2"}, r"n_m must be None or an int >= 1. Received: n_m='2'"),
+    ({"n_m": 0}, r"Received: n_m=0"),
+    ({"n_m": True}, r"Received: n_m=True"),
+    ({"n_m": 2.0}, r"Received: n_m=2.0"),
+    ({"max_n_m": 0}, r"max_n_m must be an int >= 1. Received: max_n_m=0"),
+    ({"batch_size": "8"}, r"batch_size must be an int >= 1. Received: batch_size='8'"),
+])
+def test_malformed_arguments_are_value_errors_before_profiling(kw, match, monkeypatch):
+    import hetpipe_tf.partitioner.planner as planner
+
+    def no_profiling(*args, **kwargs):
+        raise AssertionError("profiled a model despite a malformed argument")
+
+    monkeypatch.setattr(planner, "profile_model", no_profiling)
+    args = {"batch_size": 8, **kw}
+    with pytest.raises(ValueError, match=match):
+        plan_model(models.build_model("mlp", num_classes=10), Cluster.local(["LOCAL_CPU"]),
+                   args.pop("batch_size"), **args)

@@ -137,3 +137,29 @@ def variable_handle(v: Any) -> Any:
     """The tf.Variable behind a Keras variable."""
     # Reason: tf.Variable is what ops, devices and copy-on-write snapshots work on.
     return v.value if isinstance(v, keras.Variable) else v
+
+
+# --- optimizers ------------------------------------------------------------------------------
+def optimizer_learning_rate(optimizer: Any) -> Any:
+    """The optimizer's learning-rate object: a Variable, a schedule or a callable."""
+    # Reason: `optimizer.learning_rate` evaluates a schedule; the VWs must share the object.
+    return optimizer._learning_rate
+
+
+def set_optimizer_learning_rate(optimizer: Any, value: Any) -> None:
+    """Make `optimizer` use `value` (another optimizer's Variable or schedule) as is."""
+    # Reason: the public setter assigns a float into the optimizer's own variable instead.
+    optimizer._learning_rate = value
+
+
+def compile_frame_model(frame: Any) -> Any:
+    """The Keras model whose `compile()` is running in `frame` or a frame above it, if any."""
+    # Reason: compile() creates the loss tracker's variables in the strategy's scope, the
+    # first moment the strategy can see the model (to guard fit against aborts).
+    while frame is not None:
+        if frame.f_code.co_name == "compile":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, keras.Model):
+                return owner
+        frame = frame.f_back
+    return None

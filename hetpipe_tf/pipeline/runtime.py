@@ -14,6 +14,16 @@ With `update_thread=True` (several virtual workers under WSP) a minibatch whose 
 backward finished is handed to an updater thread that applies the updates in order, so
 that stage 0 keeps computing while the updater waits for global weights (Section 5: the
 VW "may start s_local minibatches of the next wave while it waits").
+
+Lifecycle: the runtime owns its threads; `close()` (or leaving `with runtime:`) stops and
+joins them. `abort()` drops every minibatch in flight without applying it (an update being
+applied at that moment finishes), waits until no stage works any more and leaves w_local at
+the last applied state; the next `submit` starts a fresh run from it. A failing task stops
+the pipeline and is re-raised to the caller as its own exception, with a note naming the
+stage, its device, the virtual worker and the minibatch.
+
+Records (trace, completions, update times, the weight-version record) keep the last
+`history` minibatches only, so memory stays flat in long runs.
 """
 
 from __future__ import annotations
@@ -22,19 +32,39 @@ import dataclasses
 import queue
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import tensorflow as tf
 
 from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import Version, WeightVersions
+from hetpipe_tf.pipeline.window import Window
 
 _STOP = object()
 
 
 class PipelineError(RuntimeError):
-    """A stage task failed; the pipeline stops and re-raises it on the next call."""
+    """The pipeline cannot take work: it was closed."""
+
+
+DEFAULT_HISTORY = 10_000
+
+
+class RecordView(Mapping):
+    """Minibatch id -> the update ids its weights reflected, built on access (a window)."""
+
+    def __init__(self, last_update: Mapping[int, int]):
+        self._last = last_update
+
+    def __getitem__(self, p: int) -> tuple[int, ...]:
+        return tuple(range(1, self._last[p] + 1))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._last))
+
+    def __len__(self) -> int:
+        return len(self._last)
 
 
 @dataclasses.dataclass
@@ -48,6 +78,7 @@ class Minibatch:
     grads: dict = dataclasses.field(default_factory=dict)
     deltas: dict = dataclasses.field(default_factory=dict)
     extra_loss: Any = 0.0
+    run: int = 0   # the runtime's run id when submitted; an abort drops older runs' work
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +92,16 @@ class PipelineRuntime:
     def __init__(self, stages: Sequence[Stage], optimizer, n_m: int,
                  update_metrics: Callable[[Any, Any, Any, Any], dict], trace: bool = True,
                  local=None, after_apply: Callable[[int], None] | None = None,
-                 update_thread: bool = False, metrics_lock: threading.Lock | None = None):
+                 update_thread: bool = False, metrics_lock: threading.Lock | None = None,
+                 counter=None, vw: int = 0, history: int = DEFAULT_HISTORY, plan=None):
         self.stages = list(stages)
+        self.plan = plan  # the partitioner Plan the stages come from (reports, monitors)
         self.n_m = n_m
+        self.vw = vw
+        self.history = history
         self.versions = WeightVersions(self.stages, optimizer, n_m, local=local,
-                                       after_apply=after_apply)
+                                       after_apply=after_apply, counter=counter,
+                                       history=history)
         self._update_metrics = update_metrics
         # Several virtual workers update the model's shared metrics: one at a time.
         self._metrics_lock = metrics_lock or threading.Lock()
@@ -73,23 +109,27 @@ class PipelineRuntime:
         self._cond = threading.Condition()
         self.submitted = 0
         self.completed = 0
-        self.run_starts: list[int] = []
+        self.run_starts = Window(history)
         self._run_open = False
+        self._run = 0
+        self._busy = 0          # tasks and updates being worked on right now
+        self._closed = False
         self._error: BaseException | None = None
         self.logs: dict | None = None
         self.logs_time = 0.0
         self.trace_enabled = trace
-        self.trace: list[TraceEvent] = []
-        self.completions: list[int] = []
-        self.update_s: list[float] = []
+        self.trace = Window(history)
+        self.completions = Window(history)
+        self.update_s = Window(history)
+        self.dropped = 0        # minibatches an abort dropped without applying them
         self._threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
-                                          name=f"hetpipe-stage-{j}")
+                                          name=f"hetpipe-vw{vw}-stage-{j}")
                          for j in range(len(self.stages))]
         self._updates: queue.Queue | None = None
         if update_thread:
             self._updates = queue.Queue()
             self._threads.append(threading.Thread(target=self._updater, daemon=True,
-                                                  name="hetpipe-updater"))
+                                                  name=f"hetpipe-vw{vw}-updater"))
         for t in self._threads:
             t.start()
 
@@ -101,6 +141,8 @@ class PipelineRuntime:
     def submit(self, inputs: list, y, sample_weight) -> None:
         with self._cond:
             self._raise_if_failed()
+            if self._closed:
+                raise PipelineError(f"The pipeline of virtual worker {self.vw} is closed.")
             if not self._run_open:
                 self._run_open = True
                 self.run_starts.append(self.submitted + 1)
@@ -109,7 +151,7 @@ class PipelineRuntime:
                 self._cond.wait()
             self._raise_if_failed()
             self.submitted += 1
-            mb = Minibatch(self.submitted, inputs, y, sample_weight)
+            mb = Minibatch(self.submitted, inputs, y, sample_weight, run=self._run)
         mb.version = self.versions.take(mb.id)
         kind = TaskKind.FORWARD_BACKWARD if len(self.stages) == 1 else TaskKind.FORWARD
         self._queues[0].put((kind, mb, None))
@@ -130,23 +172,69 @@ class PipelineRuntime:
             self._raise_if_failed()
 
     @property
-    def record(self) -> dict[int, tuple[int, ...]]:
-        """Minibatch id -> the update ids its weights reflected (for tests and debugging)."""
-        return {p: tuple(range(1, q + 1)) for p, q in sorted(self.versions.record.items())}
+    def record(self) -> RecordView:
+        """Minibatch id -> the update ids its weights reflected (the last `history`
+        minibatches; for tests and debugging)."""
+        return RecordView(self.versions.record)
 
     @property
     def in_flight(self) -> int:
         return self.submitted - self.completed
 
+    @property
+    def error(self) -> BaseException | None:
+        """The exception of the task that failed, if one did."""
+        return self._error
+
+    def abort(self) -> None:
+        """Drop every minibatch in flight without applying it and end the run; returns when
+        no stage works on them any more. w_local is the last applied state. Clears a failure,
+        so the runtime can run again from that state."""
+        with self._cond:
+            self._run += 1
+            self._cond.notify_all()
+            # Queued tasks of the old run are skipped; wait for those being worked on.
+            while self._busy or any(not q.empty() for q in self._queues) or (
+                    self._updates is not None and not self._updates.empty()):
+                self._cond.wait(0.05)
+            self.dropped += self.submitted - self.completed
+            for p in range(self.completed + 1, self.submitted + 1):
+                self.versions.forget(p)
+            self.submitted = self.completed
+            self._run_open = False
+            self._error = None
+            self._cond.notify_all()
+
     def close(self) -> None:
+        """Stop and join the threads (minibatches in flight are dropped)."""
+        if self._closed:
+            return
+        self.abort()
+        self._closed = True
         for q in self._queues:
             q.put(_STOP)
         if self._updates is not None:
             self._updates.put(_STOP)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+
+    def __enter__(self) -> "PipelineRuntime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise PipelineError(f"A pipeline stage failed: {self._error!r}") from self._error
+            raise self._error
+
+    def _fail(self, e: BaseException, where: str) -> None:
+        e.add_note(f"hetpipe_tf: raised by {where} of virtual worker {self.vw}.")
+        with self._cond:
+            if self._error is None:
+                self._error = e
+            self._cond.notify_all()
 
     # --- stage threads ------------------------------------------------------------------
     def _worker(self, j: int) -> None:
@@ -157,14 +245,19 @@ class PipelineRuntime:
             if item is _STOP:
                 return
             kind, mb, payload = item
-            if self._error is not None:
-                continue
+            with self._cond:
+                if self._error is not None or mb.run != self._run:
+                    continue  # failed or aborted: drop
+                self._busy += 1
             t0 = time.perf_counter()
             try:
                 self._run_task(j, stage, kind, mb, payload, t0)
-            except BaseException as e:  # noqa: BLE001 - reported to the caller of submit/drain
+            except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
+                self._fail(e, f"stage {j} on {stage.device} ({kind.value} of minibatch "
+                              f"{mb.id})")
+            finally:
                 with self._cond:
-                    self._error = e
+                    self._busy -= 1
                     self._cond.notify_all()
 
     def _record(self, j: int, kind: TaskKind, p: int, t0: float) -> None:
@@ -214,22 +307,30 @@ class PipelineRuntime:
             mb = self._updates.get()
             if mb is _STOP:
                 return
-            if self._error is not None:
-                continue
+            with self._cond:
+                if self._error is not None or mb.run != self._run:
+                    continue  # failed or aborted: drop
+                self._busy += 1
             try:
                 self._apply(mb)
-            except BaseException as e:  # noqa: BLE001 - reported to the caller of submit/drain
+            except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
+                self._fail(e, f"the update of minibatch {mb.id}")
+            finally:
                 with self._cond:
-                    self._error = e
+                    self._busy -= 1
                     self._cond.notify_all()
 
     def _complete(self, mb: Minibatch) -> None:
         if self._updates is not None:
-            self._updates.put(mb)
+            with self._cond:  # counted busy until the updater takes it (abort waits for it)
+                self._updates.put(mb)
         else:
             self._apply(mb)
 
     def _apply(self, mb: Minibatch) -> None:
+        with self._cond:
+            if mb.run != self._run:
+                return  # aborted before its update began: dropped
         k = len(self.stages)
         t0 = time.perf_counter()
         self.versions.apply(mb.id, [mb.grads[j] for j in range(k)],

@@ -47,11 +47,15 @@ class WeightVersions:
         each pass their own copies (hetpipe_tf.ps.coordinator).
       after_apply: called as after_apply(q) once u_q is in w_local and before the version
         of q + N_m is taken: WSP pushes a finished wave and pulls global weights there.
+      counter: an int variable incremented once per update applied, in the same step (the
+        model optimizer's iterations when VWs apply with optimizers of their own).
+      history: how many minibatches `record` keeps.
     """
 
     def __init__(self, stages: Sequence, optimizer, n_m: int,
                  local: Sequence[tuple[Sequence, Sequence]] | None = None,
-                 after_apply: Callable[[int], None] | None = None):
+                 after_apply: Callable[[int], None] | None = None, counter=None,
+                 history: int = 10_000):
         self._stages = list(stages)
         self._optimizer = optimizer
         self._n_m = n_m
@@ -65,6 +69,8 @@ class WeightVersions:
         self._lock = threading.Lock()
         self.applied = 0            # id of the last update applied to w_local
         self.record: dict[int, int] = {}  # minibatch id -> last update id its version had
+        self._history = history
+        self._counter = counter
         self._apply_fn = tf.function(self._apply_impl, reduce_retracing=True)
 
     def snapshot(self) -> Version:
@@ -86,7 +92,15 @@ class WeightVersions:
         with self._lock:
             version = self._versions.pop(p)
             self.record[p] = version.last_update
+            while len(self.record) > self._history:
+                del self.record[next(iter(self.record))]
         return version
+
+    def forget(self, p: int) -> None:
+        """Minibatch p was dropped (abort): no version or record of it remains."""
+        with self._lock:
+            self._versions.pop(p, None)
+            self.record.pop(p, None)
 
     def _apply_impl(self, grads, deltas):
         pairs = [(g, v) for g, v in zip(grads, self._tvars) if g is not None]
@@ -94,6 +108,8 @@ class WeightVersions:
             self._optimizer.apply_gradients(pairs)
         for v, d in zip(self._ntvars, deltas):
             keras_shim.variable_handle(v).assign_add(d)
+        if self._counter is not None:
+            keras_shim.variable_handle(self._counter).assign_add(1)
 
     def apply(self, q: int, grads_by_stage: Sequence[Sequence], deltas_by_stage: Sequence[Sequence]):
         """w_local += u_q, then snapshot the version of minibatch q + N_m."""

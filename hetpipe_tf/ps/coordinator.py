@@ -18,17 +18,25 @@ will never come, because the data ran out, stops waiting: its remaining minibatc
 already running), drains every VW, pushes unfinished waves (`WaveSync.flush`) and copies
 w_global into the model's variables. Deadlock-free while batches flow: the slowest VW
 never waits for others (every wave it needs, all VWs have pushed).
+
+`abort` (an exception or interrupt in `fit`) stops taking batches, drops the queued ones and
+every minibatch in flight without applying it, pushes what each VW did apply and closes the
+run as `drain` does: the model then holds the last applied state. `on_run_start` /
+`on_run_end` are called when a run opens / after it closed (the strategy moves the
+optimizers' state there, hetpipe_tf/strategy/training_state.py). `close` (or leaving
+`with coordinator:`) aborts and joins every thread.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
+from hetpipe_tf.pipeline.window import Window
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 
@@ -44,10 +52,14 @@ class Coordinator:
       syncs: the VWs' `WaveSync`s, same order.
       servers: the parameter servers (variables in `model_variables` order).
       model_variables: the model's versioned variables, mirrored from w_global after runs.
+      on_run_start, on_run_end: called when a run opens and after it closed.
+      history: how many step numbers `assignment` keeps per VW.
     """
 
     def __init__(self, runtimes: Sequence[Any], syncs: Sequence[WaveSync],
-                 servers: ParameterServers, model_variables: Sequence[Any]):
+                 servers: ParameterServers, model_variables: Sequence[Any],
+                 on_run_start: Callable[[], None] | None = None,
+                 on_run_end: Callable[[], None] | None = None, history: int = 10_000):
         if not (len(runtimes) == len(syncs) == servers.num_workers):
             raise ValueError(f"One runtime and one WaveSync per worker are needed. Received: "
                              f"{len(runtimes)} runtimes, {len(syncs)} syncs, "
@@ -56,13 +68,18 @@ class Coordinator:
         self.syncs = list(syncs)
         self.servers = servers
         self.model_variables = list(model_variables)
-        self.assignment: list[list[int]] = [[] for _ in self.runtimes]
-        self.run_starts: list[int] = []      # step number of each run's first batch
+        self.assignment = [Window(history) for _ in self.runtimes]
+        self.run_starts = Window(history)  # step number of each run's first batch
+        self._on_run_start = on_run_start
+        self._on_run_end = on_run_end
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._run_open = False
         self._steps = 0
         self._error: BaseException | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._aborting = False
+        self._feeding = 0       # feeders handing a batch to their VW right now
+        self._closed = False
         self._feeders = [threading.Thread(target=self._feed, args=(w,), daemon=True,
                                           name=f"hetpipe-feeder-{w}")
                          for w in range(len(self.runtimes))]
@@ -83,10 +100,18 @@ class Coordinator:
         return max(done, key=lambda rt: rt.logs_time).logs if done else None
 
     # --- called by the strategy ----------------------------------------------------------
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
     def submit(self, inputs: list, y, sample_weight) -> None:
         self._raise_if_failed()
+        if self._closed:
+            raise RuntimeError("The coordinator of the virtual workers is closed.")
         if not self._run_open:
             self._start_run()
+            if self._on_run_start is not None:
+                self._on_run_start()
         self._queue.put((self._steps, inputs, y, sample_weight))
         self._steps += 1
 
@@ -98,23 +123,63 @@ class Coordinator:
         self.servers.end_run()
         for rt in self.runtimes:
             rt.drain()
+        self._close_run()
+        self._raise_if_failed()
+
+    def _close_run(self) -> None:
+        """Every VW is idle: push what each applied, mirror w_global into the model."""
         for s in self.syncs:
             s.flush()
         values, _ = self.servers.pull()
         for v, x in zip(self.model_variables, values):
             _keras_shim.variable_handle(v).assign(x)
         self._run_open = False
-        self._raise_if_failed()
+        if self._on_run_end is not None:
+            self._on_run_end()
+
+    def abort(self) -> None:
+        """Drop queued batches and minibatches in flight, keep what was applied, close the
+        run (module docstring). Clears a failure: the next `submit` starts afresh."""
+        with self._lock:
+            self._aborting = True
+        try:
+            while True:  # queued batches: never handed to a VW
+                try:
+                    self._queue.get_nowait()
+                    self._queue.task_done()
+                except queue.Empty:
+                    break
+            self.servers.end_run()  # no VW may keep waiting for a wave
+            with self._lock:
+                while self._feeding:
+                    self._lock.wait(0.05)
+            for rt in self.runtimes:
+                rt.abort()
+            if self._run_open:
+                self._close_run()
+        finally:
+            with self._lock:
+                self._aborting = False
+                self._error = None
 
     def close(self) -> None:
-        self.servers.end_run()  # no VW may stay blocked waiting for a wave
+        """Abort, then stop and join every thread."""
+        if self._closed:
+            return
+        self.abort()
+        self._closed = True
         for _ in self._feeders:
-            try:  # feeders are daemon threads: never block the caller on a full queue
-                self._queue.put(_STOP, timeout=5)
-            except queue.Full:
-                break
+            self._queue.put(_STOP)
+        for t in self._feeders:
+            t.join()
         for rt in self.runtimes:
             rt.close()
+
+    def __enter__(self) -> "Coordinator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # --- internals -------------------------------------------------------------------
     def _raise_if_failed(self) -> None:
@@ -140,16 +205,25 @@ class Coordinator:
                 except BaseException as e:  # noqa: BLE001 - re-raised by submit/drain
                     self._fail(e)
             item = self._queue.get()
+            if item is _STOP:
+                self._queue.task_done()
+                return
+            with self._lock:
+                take = self._error is None and not self._aborting
+                if take:
+                    self._feeding += 1
             try:
-                if item is _STOP:
-                    return
-                if self._error is None:
+                if take:
                     step, inputs, y, sw = item
                     self.assignment[w].append(step)
                     rt.submit(inputs, y, sw)
             except BaseException as e:  # noqa: BLE001 - re-raised by submit/drain
                 self._fail(e)
             finally:
+                if take:
+                    with self._lock:
+                        self._feeding -= 1
+                        self._lock.notify_all()
                 self._queue.task_done()
 
     def _fail(self, e: BaseException) -> None:

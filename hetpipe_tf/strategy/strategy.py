@@ -10,15 +10,28 @@ drain the pipeline and then run on the live weights. The pipeline also drains wh
 Keras reads the model's metrics with `get_metrics_result` (at the end of every epoch, before
 validation and epoch-end callbacks), so epoch-end logs, callbacks and the weights after
 `fit` reflect every minibatch. See docs/strategy.md.
+
+Per model the strategy keeps a `_Training`: the executor (a `PipelineRuntime` for one
+virtual worker, a `Coordinator` for several) and what it was built from. A new `compile()`
+(optimizer, loss, metrics, trainable flags) rebuilds it at the next fit, carrying the
+weights. The model's `fit`/`evaluate`/`predict` are guarded (installed when the model is
+compiled in the scope): an exception or interrupt aborts the executor (nothing in flight is
+applied after the call raised; the state is the last applied one) and a stage's error is
+re-raised as itself. `save`/`save_weights`/`get_weights` drain first and `load_weights`
+builds the optimizer first, so the model and its optimizer hold the whole training state
+when read or written (docs/state.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
+import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import tensorflow as tf
@@ -29,10 +42,32 @@ from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.pipeline.program import Program
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.stage import Stage
+from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
                                             check_plans)
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Training:
+    """What the strategy keeps for one model: its executor and what it was built from."""
+
+    executor: Any            # PipelineRuntime (one VW) or Coordinator (several VWs)
+    program: Program
+    compiled: tuple          # (optimizer, loss, metrics, trainable variables) at build
+    batch_size: int
+    metrics_result: Callable  # the model class's own get_metrics_result, bound
+
+
+def _compiled_state(model) -> tuple:
+    return (model.optimizer, _keras_shim.compile_loss(model), _keras_shim.compile_metrics(model),
+            tuple(model.trainable_variables))
+
+
+def _same_compile(a: tuple, b: tuple) -> bool:
+    return (all(x is y for x, y in zip(a[:3], b[:3])) and len(a[3]) == len(b[3])
+            and all(x is y for x, y in zip(a[3], b[3])))
 
 
 class HetPipeStrategy(tf.distribute.Strategy):
@@ -94,7 +129,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
     def pipeline(self, model, vw: int = 0) -> PipelineRuntime:
         """The pipeline runtime of virtual worker `vw` training `model` (records, trace,
         logs); for tests, monitoring and debugging."""
-        rt = self.extended.pipelines[id(model)]
+        rt = self.extended.pipelines[id(model)].executor
         if isinstance(rt, PipelineRuntime):
             if vw != 0:
                 raise ValueError(f"This strategy has one virtual worker. Received: vw={vw}.")
@@ -104,16 +139,23 @@ class HetPipeStrategy(tf.distribute.Strategy):
     def coordinator(self, model):
         """The WSP coordinator (parameter servers, syncs, assignment) of several virtual
         workers training `model`; None with one virtual worker."""
-        rt = self.extended.pipelines.get(id(model))
-        return None if rt is None or isinstance(rt, PipelineRuntime) else rt
+        t = self.extended.pipelines.get(id(model))
+        return None if t is None or isinstance(t.executor, PipelineRuntime) else t.executor
 
     def drain(self) -> None:
         """Wait until every minibatch handed to the pipeline completed (weights up to date)."""
         self.extended.drain()
 
     def close(self) -> None:
-        """Stop the stage threads."""
+        """Stop and join every thread of every model's runtime (in-flight work is dropped;
+        the models keep the last applied state)."""
         self.extended.close()
+
+    def __enter__(self) -> "HetPipeStrategy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
@@ -168,8 +210,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                     self._device_of_layer[name] = s.tf_device
         self._last_stage_device = (self.plan.stages[-1].tf_device if self.plan is not None
                                    else None)
-        self.pipelines: dict[int, PipelineRuntime] = {}
-        self._lock = threading.Lock()
+        self.pipelines: dict[int, _Training] = {}
+        self._lock = threading.RLock()
         self._runtime_threads: set[int] = set()
         self._local_placement = threading.local()
 
@@ -204,6 +246,9 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if getattr(self._local_placement, "on", False):
             kwargs.pop("colocate_with", None)
             return next_creator(**kwargs)
+        compiling = _keras_shim.compile_frame_model(sys._getframe(1))
+        if compiling is not None:
+            self.guard_model(compiling)
         colocate_with = kwargs.pop("colocate_with", None)
         if colocate_with is not None:  # optimizer slots follow their variable
             with tf.device(colocate_with.device):
@@ -246,15 +291,15 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             raise ValueError(f"train_step takes one argument. Received: kwargs={kwargs}.")
         (data,) = args
         runtime = self._runtime_for(model, data)
+        training = self.pipelines[id(model)]
         flat = tf.nest.flatten(data)
         present = [i for i, t in enumerate(flat) if t is not None]
         structure = data
-        orig_metrics = runtime.original_get_metrics_result
-        spec = orig_metrics()  # traced only for the names, dtypes and shapes of the logs
+        spec = training.metrics_result()  # traced only for the logs' names, dtypes, shapes
         keys = list(spec.keys())
         dtypes = [tf.as_dtype(spec[k].dtype) for k in keys]
         shapes = [spec[k].shape for k in keys]
-        program = runtime.program
+        program = training.program
 
         def submit(*tensors):
             full = [None] * len(flat)
@@ -272,16 +317,36 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             t.set_shape(s)
         return dict(zip(keys, out))
 
-    def _runtime_for(self, model, data) -> PipelineRuntime:
+    def _runtime_for(self, model, data):
         with self._lock:
-            rt = self.pipelines.get(id(model))
-            if rt is not None:
-                return rt
-            rt = self._build_runtime(model, data)
-            self.pipelines[id(model)] = rt
-            return rt
+            t = self.pipelines.get(id(model))
+            if t is not None and not _same_compile(t.compiled, _compiled_state(model)):
+                # compile() was called again: rebuild on the new optimizer, loss, metrics and
+                # trainable flags. The old runtime is drained, so the model holds its state.
+                with tf.init_scope():
+                    t.executor.close()
+                del self.pipelines[id(model)]
+                t = None
+            if t is not None:
+                self._check_same_batch(t, data)
+                return t.executor
+            t = self._build_runtime(model, data)
+            self.pipelines[id(model)] = t
+            return t.executor
 
-    def _build_runtime(self, model, data):
+    @staticmethod
+    def _check_same_batch(t: _Training, data) -> None:
+        sizes = {x.shape[0] if x.shape.rank else None for x in tf.nest.flatten(data)
+                 if x is not None}
+        if sizes != {t.batch_size}:
+            raise ValueError(
+                "This fit's batch size differs from the one the model's pipeline was built for "
+                "(its plan, N_m and weight versions are made for one minibatch size). "
+                f"Received: batch size {sorted(sizes, key=str)}, built for {t.batch_size}; "
+                f"fit with batch_size={t.batch_size} (and drop_remainder=True), or train this "
+                "batch size under a new HetPipeStrategy.")
+
+    def _build_runtime(self, model, data) -> _Training:
         strategy = self._container_strategy()
         check_model(model, strategy)
         batch_size = check_batch(data)
@@ -301,7 +366,11 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         program = Program.from_model(model)
         for p in self.plans:
             check_plan(p, program, model, batch_size)
-        original = model.get_metrics_result  # bound method of the model's class
+        training_state.check_optimizer(model.optimizer)
+        with tf.init_scope():
+            training_state.build_canonical(model)
+        # The class's own method: an earlier build may have replaced the instance's.
+        original = type(model).get_metrics_result.__get__(model)
 
         @tf.function(reduce_retracing=True)
         def update_metrics(loss, y, y_pred, sample_weight):
@@ -314,17 +383,15 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
         if len(self.plans) == 1:
             runtime = PipelineRuntime(Stage.for_plan(self.plans[0], program, model),
-                                      model.optimizer, self.n_m, update_metrics)
+                                      model.optimizer, self.n_m, update_metrics,
+                                      plan=self.plans[0])
         else:
             from hetpipe_tf.strategy.virtual_workers import build_virtual_workers
             runtime = build_virtual_workers(
                 model, program, self.plans, self.n_m, self.clock_distance, update_metrics,
                 cluster=self._cluster_or_none(), placement=self.placement,
                 ps_hosts=self.ps_hosts, place_locally=self.place_locally,
-                fresh_pulls=self.fresh_pulls)
-        runtime.program = program
-        runtime.plan = self.plans[0]
-        runtime.original_get_metrics_result = original
+                fresh_pulls=self.fresh_pulls, strategy=strategy)
         self._runtime_threads.update(runtime.thread_ids)
         extended = self
 
@@ -336,10 +403,68 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             return original()
 
         object.__setattr__(model, "get_metrics_result", get_metrics_result)
+        self.guard_model(model)
         for w, p in enumerate(self.plans):
             logger.info("HetPipe virtual worker %d of %d for %s:\n%s", w, len(self.plans),
                         model.name, p.table())
-        return runtime
+        return _Training(runtime, program, _compiled_state(model), batch_size, original)
+
+    # --- the model's own calls: abort on failure, drain before reading state -------------
+    def guard_model(self, model) -> None:
+        """Wrap the model's fit/evaluate/predict (abort on an exception), save/save_weights/
+        get_weights (drain first) and load_weights (build the optimizer first). Once."""
+        if model.__dict__.get("_hetpipe_guarded"):
+            return
+        extended = self
+
+        def guarded(name):
+            original = getattr(model, name)
+
+            @functools.wraps(original)
+            def call(*args, **kwargs):
+                try:
+                    return original(*args, **kwargs)
+                except BaseException as e:
+                    stage_error = extended.abort(model)
+                    if stage_error is not None and stage_error is not e:
+                        raise stage_error from e
+                    raise
+            return call
+
+        def drained(name):
+            original = getattr(model, name)
+
+            @functools.wraps(original)
+            def call(*args, **kwargs):
+                if (tf.executing_eagerly()
+                        and threading.get_ident() not in extended._runtime_threads):
+                    extended.drain()
+                return original(*args, **kwargs)
+            return call
+
+        def load_weights(*args, _original=model.load_weights, **kwargs):
+            if getattr(model, "optimizer", None) is not None:
+                training_state.build_canonical(model)
+            return _original(*args, **kwargs)
+
+        for name in ("fit", "evaluate", "predict"):
+            object.__setattr__(model, name, guarded(name))
+        for name in ("save", "save_weights", "get_weights"):
+            object.__setattr__(model, name, drained(name))
+        object.__setattr__(model, "load_weights",
+                           functools.wraps(model.load_weights)(load_weights))
+        object.__setattr__(model, "_hetpipe_guarded", True)
+
+    def abort(self, model) -> BaseException | None:
+        """Stop `model`'s executor after a failed call (module docstring); returns the error
+        of the stage that failed, if one did."""
+        t = self.pipelines.get(id(model))
+        if t is None:
+            return None
+        error = t.executor.error
+        with tf.init_scope():
+            t.executor.abort()
+        return error
 
     def _cluster_or_none(self):
         if self._cluster_arg is None and not os.environ.get("TF_CONFIG"):
@@ -358,12 +483,13 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     def drain(self) -> None:
         if threading.get_ident() in self._runtime_threads:
             return
-        for rt in list(self.pipelines.values()):
-            rt.drain()
+        for t in list(self.pipelines.values()):
+            t.executor.drain()
 
     def close(self) -> None:
-        for rt in self.pipelines.values():
-            rt.close()
+        with self._lock:
+            for t in self.pipelines.values():
+                t.executor.close()
 
     # --- reductions and updates: one replica ----------------------------------------------
     def _reduce_to(self, reduce_op, value, destinations, options):

@@ -7,14 +7,16 @@
   float non-trainable), on the device of the PS that the placement gives its layer
   (`hetpipe_tf.ps.placement`: default round-robin or ED-local);
 - per VW: its stages (compiled for its devices), w_local = copies of the variables on the
-  device of the stage that uses them, its OWN optimizer (a clone of the model's: each VW's
-  optimizer state, e.g. momentum or Adam's moments, is local, as each worker's is under
-  parameter-server training; the servers only add the pushed updates), a `WaveSync`, and a
-  pipeline runtime whose updater thread applies updates and runs the WSP hook.
+  device of the stage that uses them, its OWN optimizer (a clone of the model's, built here
+  in the strategy's scope: each VW's optimizer state, e.g. momentum or Adam's moments, is
+  local, as each worker's is under parameter-server training; the servers only add the
+  pushed updates; docs/state.md), a `WaveSync`, and a pipeline runtime whose updater thread
+  applies updates, counts them in `model.optimizer.iterations` and runs the WSP hook.
 
 The model's variables are not trained directly: the coordinator copies w_global into them
 at the end of every run, so Keras (metrics, callbacks, checkpoints, evaluate) sees the
-global weights.
+global weights, and the VWs' optimizer states are merged into the model's optimizer
+(`training_state.merge`); a run starts from the model's optimizer (`training_state.seed`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.stage import Stage, _unique
+from hetpipe_tf.strategy import training_state
 
 def _layer_of_variables(program) -> dict[int, int]:
     """id(variable) -> node index of the layer that owns it."""
@@ -73,8 +76,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                           clock_distance: int, update_metrics: Callable, *, cluster=None,
                           placement: PlacementPolicy | str = PlacementPolicy.DEFAULT,
                           ps_hosts: Sequence[str] | None = None,
-                          place_locally: Callable[[], Any], fresh_pulls: bool = True
-                          ) -> Coordinator:
+                          place_locally: Callable[[], Any], fresh_pulls: bool = True,
+                          strategy=None) -> Coordinator:
     """The coordinator of len(plans) virtual workers training `model` under WSP.
 
     `place_locally()` returns a context in which the strategy's variable creator keeps the
@@ -92,7 +95,7 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                                               for v in variables])
         index = {id(v): k for k, v in enumerate(variables)}
         metrics_lock = threading.Lock()
-        runtimes, syncs = [], []
+        runtimes, syncs, optimizers = [], [], []
         for w, stages in enumerate(per_vw_stages):
             local_flat: list = [None] * len(variables)
             local_by_stage = []
@@ -109,13 +112,17 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                             copies.append(c)
                         groups.append(copies)
                     local_by_stage.append(tuple(groups))
-            optimizer = keras.optimizers.deserialize(keras.optimizers.serialize(model.optimizer))
+            trainable_local = [local_flat[index[id(v)]] for v in model.trainable_variables]
+            optimizer = training_state.clone_optimizer(model, trainable_local, strategy)
+            optimizers.append(optimizer)
             sync = WaveSync(w, servers, local_flat, n_m, clock_distance,
                             fresh_pulls=fresh_pulls)
             rt = PipelineRuntime(stages, optimizer, n_m, update_metrics, local=local_by_stage,
                                  after_apply=sync.after_apply, update_thread=True,
-                                 metrics_lock=metrics_lock)
-            rt.plan = plans[w]
+                                 metrics_lock=metrics_lock, vw=w,
+                                 counter=model.optimizer.iterations, plan=plans[w])
             runtimes.append(rt)
             syncs.append(sync)
-    return Coordinator(runtimes, syncs, servers, variables)
+    return Coordinator(runtimes, syncs, servers, variables,
+                       on_run_start=lambda: training_state.seed(model, optimizers),
+                       on_run_end=lambda: training_state.merge(model, optimizers))

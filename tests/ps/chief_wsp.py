@@ -42,7 +42,7 @@ def main() -> None:
     print(json.dumps({
         "w0": [w.tolist() for w in w0],
         "final": [w.tolist() for w in model.get_weights()],
-        "assignment": coord.assignment,
+        "assignment": [list(a) for a in coord.assignment],
         "ps_devices": sorted({v.device for v in coord.servers.variables}),
         "local_devices": [sorted({v.device for v in s.local}) for s in coord.syncs],
         "pushes": len(coord.servers.pushes),

@@ -152,14 +152,22 @@ def set_optimizer_learning_rate(optimizer: Any, value: Any) -> None:
     optimizer._learning_rate = value
 
 
-def compile_frame_model(frame: Any) -> Any:
-    """The Keras model whose `compile()` is running in `frame` or a frame above it, if any."""
+def calling_model(frame: Any, methods: tuple[str, ...] = ("compile",)) -> Any:
+    """The Keras model one of whose `methods` is running in `frame` or a frame above it."""
     # Reason: compile() creates the loss tracker's variables in the strategy's scope, the
-    # first moment the strategy can see the model (to guard fit against aborts).
+    # first moment the strategy can see the model (to guard fit against aborts); fit()
+    # distributes its dataset before Keras builds the optimizer (to check it first).
     while frame is not None:
-        if frame.f_code.co_name == "compile":
+        if frame.f_code.co_name in methods:
             owner = frame.f_locals.get("self")
             if isinstance(owner, keras.Model):
                 return owner
         frame = frame.f_back
     return None
+
+
+def optimizer_strategy(optimizer: Any) -> Any:
+    """The tf.distribute strategy the optimizer was created under."""
+    # Reason: Keras keeps it privately; an optimizer made outside our scope must be refused
+    # before Keras builds its slots (TensorFlow's own error there names no fix).
+    return getattr(optimizer, "_distribution_strategy", None)

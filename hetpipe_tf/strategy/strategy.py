@@ -246,7 +246,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if getattr(self._local_placement, "on", False):
             kwargs.pop("colocate_with", None)
             return next_creator(**kwargs)
-        compiling = _keras_shim.compile_frame_model(sys._getframe(1))
+        compiling = _keras_shim.calling_model(sys._getframe(1))
         if compiling is not None:
             self.guard_model(compiling)
         colocate_with = kwargs.pop("colocate_with", None)
@@ -262,7 +262,22 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     # --- input: one virtual worker takes the user's batches as they are ------------------
     def _experimental_distribute_dataset(self, dataset, options):
         del options
+        fitting = _keras_shim.calling_model(sys._getframe(1), ("fit",))
+        if fitting is not None:
+            self._check_compiled_here(fitting)
         return dataset
+
+    def _check_compiled_here(self, model) -> None:
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None:
+            return
+        owner = _keras_shim.optimizer_strategy(optimizer)
+        if owner is not self._container_strategy():
+            raise ValueError(
+                "The model was compiled outside HetPipeStrategy.scope(), so its optimizer "
+                f"belongs to another strategy. Received: optimizer {optimizer.name!r} created "
+                f"under {type(owner).__name__}; call compile() inside "
+                "`with strategy.scope():`.")
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         del options

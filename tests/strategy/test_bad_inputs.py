@@ -173,15 +173,9 @@ def test_compile_with_jit_compile():
     assert "jit_compile=False" in str(err)
 
 
-# With a stateful optimizer Keras' fit builds the optimizer's slots (symbolic build)
-# before the strategy sees the model, and TensorFlow raises RuntimeError("Mixing different
-# tf.distribute.Strategy objects"); refusing it needs a hook in strategy.py before that
-# build (issue 8 point 10, reported to the strategy.py owner). Strict: it fails once fixed.
-@pytest.mark.parametrize("optimizer", [
-    pytest.param("adam", marks=pytest.mark.xfail(
-        strict=True, raises=RuntimeError,
-        reason="needs a check in strategy.py before Keras' symbolic build")),
-    "sgd"])
+# With a stateful optimizer Keras' fit builds the optimizer's slots (symbolic build) before
+# the strategy sees the model; the strategy checks when fit distributes its dataset, first.
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_compile_outside_the_scope(optimizer):
     strategy = _strategy()
     with strategy.scope():

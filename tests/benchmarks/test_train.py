@@ -14,10 +14,10 @@ def _plan_blocks(stdout: str) -> list[str]:
 
 
 def test_default_job_is_two_virtual_workers_under_wsp():
-    # SGD: the default Adam needs stateful optimizers with several VWs (issue 8 point 4).
-    proc = run_binary("benchmarks.train", *TINY, "--optimizer=sgd", "--clock_distance=1")
+    proc = run_binary("benchmarks.train", *TINY)   # the default: Adam, D=1
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "WSP clock distance D=1, optimizer adam" in out
     assert "2 virtual workers by NP allocation: vw0=[host0/cpu0, host0/cpu1], " \
            "vw1=[host1/cpu0, host1/cpu1]" in out
     blocks = _plan_blocks(out)
@@ -39,10 +39,10 @@ def test_default_job_is_two_virtual_workers_under_wsp():
 
 def test_one_virtual_worker_mode_stays_reachable():
     proc = run_binary("benchmarks.train", *TINY, "--virtual_workers=1",
-                      "--speed_factors=1.0,0.5")
+                      "--speed_factors=1.0,0.5", "--optimizer=sgd")
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "1 virtual worker over every device, optimizer adam" in out
+    assert "1 virtual worker over every device, optimizer sgd" in out
     blocks = _plan_blocks(out)
     assert len(blocks) == 1 and "emulated x0.5" in blocks[0]
     assert "clock distance" not in out and "global weights" not in out  # no servers

@@ -29,6 +29,7 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks._cli import load_cluster, run  # noqa: E402
 from hetpipe_tf import models  # noqa: E402
 from hetpipe_tf.cluster.allocation import AllocationPolicy  # noqa: E402
 
@@ -77,8 +78,32 @@ def _check_speed(values: list[str]) -> bool:
         return False
 
 
+def _check_placement() -> None:
+    """Flag combinations refused before any cluster is loaded or model profiled."""
+    if _PLACEMENT.value == "ed_local" and _ALLOCATION.value is not AllocationPolicy.ED:
+        raise app.UsageError(
+            "--placement=ed_local keeps partition k of every virtual worker on the node that "
+            "holds it, which only Equal Distribution guarantees (Section 8.1). Received: "
+            f"--placement=ed_local --allocation={_ALLOCATION.value.name}; use --allocation=ED "
+            "or --placement=default.")
+
+
+def _check_vw_sizes(vws, num_layers: int) -> None:
+    """A stage needs at least one layer: a virtual worker of more devices than the model
+    has layers cannot be planned (a clear error here rather than from the MILP)."""
+    biggest = max(len(vw) for vw in vws)
+    if biggest > num_layers:
+        raise ValueError(
+            f"--allocation={_ALLOCATION.value.name} forms virtual workers of up to {biggest} "
+            f"devices, but --model={_MODEL.value} has {num_layers} layers and every device of "
+            f"a virtual worker needs at least one. Received: {len(vws)} virtual worker(s) of "
+            f"{sorted({len(vw) for vw in vws})} devices on --cluster={_CLUSTER.value}; use "
+            "--allocation=NP (one virtual worker per host) or HD, a model with more layers, "
+            "or a cluster with fewer devices per virtual worker.")
+
+
 def _cluster():
-    from hetpipe_tf.cluster.spec import Cluster, paper_cluster
+    from hetpipe_tf.cluster.spec import Cluster
     if _CLUSTER.value == "local":
         if len(_SPEED.value) != len(_DEVICES.value):
             raise app.UsageError(
@@ -91,9 +116,7 @@ def _cluster():
                 f"{hosts} for {len(_DEVICES.value)} devices.")
         return Cluster.local(_DEVICES.value, hosts=hosts,
                              emulated_speed_factors=[float(v) for v in _SPEED.value])
-    if _CLUSTER.value == "paper":
-        return paper_cluster()
-    return Cluster.from_json(_CLUSTER.value)
+    return load_cluster(_CLUSTER.value)
 
 
 def _model():
@@ -143,12 +166,17 @@ def _write_timeline(events, plan, title: str) -> None:
 def _run() -> None:
     from hetpipe_tf.cluster.allocation import allocate, type_string
     from hetpipe_tf.cluster.local import configure_logical_devices
-    cluster = _cluster()
     if _CLUSTER.value != "local":
         raise app.UsageError(
             "--mode=run trains on the devices at hand, which here are logical CPU devices: "
             f"use --cluster=local. Received: --cluster={_CLUSTER.value}; use --mode=simulate "
             "for a cluster that is not at hand.")
+    cluster = _cluster()
+    if _BATCH_SIZE.value % len(cluster.devices):
+        raise app.UsageError(
+            "The all-reduce baseline (MirroredStrategy) splits each minibatch evenly over the "
+            f"devices. Received: --batch_size={_BATCH_SIZE.value} for "
+            f"{len(cluster.devices)} devices; use a multiple of {len(cluster.devices)}.")
     vws = allocate(cluster, _ALLOCATION.value)
     configure_logical_devices(len(cluster.devices))
     import keras
@@ -164,6 +192,8 @@ def _run() -> None:
     print(cluster.describe())
     print(f"{len(vws)} virtual worker(s) by {_ALLOCATION.value.name}: "
           + ", ".join(f"vw{w}=[{', '.join(d.name for d in vw)}]" for w, vw in enumerate(vws)))
+    from hetpipe_tf.partitioner.layer_graph import LayerGraph
+    _check_vw_sizes(vws, len(LayerGraph.from_model(_model()).nodes))
     first = plan_model(_model(), cluster, _BATCH_SIZE.value, devices=vws[0],
                        n_m=_NM.value or None)
     profile = first.profile
@@ -228,9 +258,13 @@ def _simulate() -> None:
     from hetpipe_tf.partitioner.profile import profile_model
     from hetpipe_tf.ps.placement import PlacementPolicy
     from hetpipe_tf.sim.scenario import simulate_scenario
+    from hetpipe_tf.cluster.allocation import allocate
     cluster = _cluster()
     types = sorted({d.type_name for d in cluster.devices})
     profile = profile_model(_model(), _BATCH_SIZE.value, types)
+    # The virtual workers simulate_scenario forms (same call), checked for a clear error.
+    _check_vw_sizes(allocate(cluster, _ALLOCATION.value, profile=profile),
+                    len(profile.layers))
     print(cluster.describe())
     print(f"Simulated (layer times estimated from the device catalog; compute_scale="
           f"{_COMPUTE_SCALE.value:g}).")
@@ -250,9 +284,12 @@ def _paper() -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        raise app.UsageError(f"Unexpected positional arguments. Received: {argv[1:]}; "
+                             "pass options as --flag=value (--helpshort lists them).")
+    if _MODE.value != "paper":
+        _check_placement()
     {"run": _run, "simulate": _simulate, "paper": _paper}[_MODE.value]()
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run(main)

@@ -28,6 +28,8 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks._cli import run  # noqa: E402
+
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed minibatches per measurement.", lower_bound=1)
 _WARMUP = flags.DEFINE_integer("warmup_steps", 5, "Minibatches of the untimed warm-up epoch.",
                                lower_bound=1)
@@ -125,7 +127,8 @@ def _machine_ceiling(tf, keras, devices) -> float:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        raise app.UsageError(f"Unexpected positional arguments. Received: {argv[1:]}; "
+                             "pass options as --flag=value (--helpshort lists them).")
     from hetpipe_tf.cluster.local import configure_logical_devices
     configure_logical_devices(2)
     import keras
@@ -184,4 +187,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run(main)

@@ -18,6 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks._cli import load_cluster, run  # noqa: E402
 from hetpipe_tf import models  # noqa: E402
 from hetpipe_tf.cluster import catalog  # noqa: E402
 
@@ -46,28 +47,38 @@ _MEASURE = flags.DEFINE_bool("measure", True, "Time device types present here (C
 _OUTPUT_JSON = flags.DEFINE_string("output_json", None, "Write the plan as JSON here.")
 
 
-@flags.validator("devices", message="--devices must name at least one known device type "
-                 f"(known: {', '.join(catalog.known_device_types())}).")
-def _check_devices(value: list[str]) -> bool:
-    if not value:
-        return False
-    try:
-        for name in value:
+@flags.validator("devices", message="--devices must name at least one device type.")
+def _check_devices_given(value: list[str]) -> bool:
+    return bool(value)
+
+
+def _check_device_types(type_names: list[str]) -> None:
+    """Known types: the catalog's, plus the custom types a --cluster file registered (so
+    this runs after the cluster is loaded, not at flag parsing)."""
+    unknown = []
+    for name in type_names:
+        try:
             catalog.get_device_type(name)
-    except ValueError:
-        return False
-    return True
+        except ValueError:
+            unknown.append(name)
+    if unknown:
+        raise app.UsageError(
+            f"--devices must name known device types. Received: {', '.join(unknown)}; use "
+            f"types of the catalog (known: {', '.join(catalog.known_device_types())}) or "
+            "declare custom types in the --cluster file's device_types.")
 
 
 def _virtual_worker(cluster_flag: str, type_names: list[str]):
     """(cluster, devices of the virtual worker) for the --cluster and --devices flags."""
     from hetpipe_tf.cluster.local import configure_logical_devices
-    from hetpipe_tf.cluster.spec import Cluster, paper_cluster
+    from hetpipe_tf.cluster.spec import Cluster
     if cluster_flag == "local":
+        _check_device_types(type_names)
         cluster = Cluster.local(type_names, hosts=len(type_names))
         configure_logical_devices(len(cluster.devices))
         return cluster, list(cluster.devices)
-    cluster = paper_cluster() if cluster_flag == "paper" else Cluster.from_json(cluster_flag)
+    cluster = load_cluster(cluster_flag)
+    _check_device_types(type_names)
     free = list(cluster.devices)
     chosen = []
     for name in type_names:
@@ -85,20 +96,17 @@ def _virtual_worker(cluster_flag: str, type_names: list[str]):
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    from hetpipe_tf.partitioner.plan import PartitionError
+        raise app.UsageError(f"Unexpected positional arguments. Received: {argv[1:]}; "
+                             "pass options as --flag=value (--helpshort lists them).")
     from hetpipe_tf.partitioner.planner import plan_model
 
     cluster, devices = _virtual_worker(_CLUSTER.value, _DEVICES.value)
     print(cluster.describe())
     model = models.build_model(_MODEL.value, input_size=_INPUT_SIZE.value or None,
                                num_classes=_NUM_CLASSES.value)
-    try:
-        result = plan_model(model, cluster, _BATCH_SIZE.value, devices=devices,
-                            n_m=_NM.value or None, optimizer=_OPTIMIZER.value,
-                            measure=_MEASURE.value, max_n_m=max(_MAX_NM.value, _NM.value))
-    except PartitionError as e:
-        raise SystemExit(f"error: {e}") from None
+    result = plan_model(model, cluster, _BATCH_SIZE.value, devices=devices,
+                        n_m=_NM.value or None, optimizer=_OPTIMIZER.value,
+                        measure=_MEASURE.value, max_n_m=max(_MAX_NM.value, _NM.value))
     sources = ", ".join(f"{t}: {s}" for t, s in sorted(result.profile.time_source.items()))
     print(f"\nLayer times by device type ({sources}).")
     print(f"Max_m = {result.max_m} (largest N_m that fits, searched up to "
@@ -110,4 +118,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run(main)

@@ -22,6 +22,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from benchmarks._cli import run  # noqa: E402
+
 _MODELS = flags.DEFINE_list("models", ["vgg19", "resnet152"], "Models for part 1.")
 _LAYERS = flags.DEFINE_list("layers", ["50", "100", "250", "500", "1000"],
                             "Layer counts of the synthetic models (part 2).")
@@ -134,7 +136,8 @@ def _scaling() -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        raise app.UsageError(f"Unexpected positional arguments. Received: {argv[1:]}; "
+                             "pass options as --flag=value (--helpshort lists them).")
     if _MODELS.value:
         _paper_models()
     if _LAYERS.value and _STAGES.value:
@@ -142,4 +145,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run(main)

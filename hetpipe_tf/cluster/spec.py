@@ -371,10 +371,28 @@ class Cluster:
     def from_json(cls, path_or_str: str | os.PathLike[str]) -> Cluster:
         """Load from a JSON string (starting with '{') or from a JSON file path."""
         text = os.fspath(path_or_str)
+        source = "the JSON string"
         if not text.lstrip().startswith("{"):
-            with open(text, encoding="utf-8") as f:
-                text = f.read()
-        return cls.from_dict(json.loads(text))
+            source = repr(text)
+            try:
+                with open(text, encoding="utf-8") as f:
+                    text = f.read()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                raise _bad("No cluster JSON file at this path", f"path={source}",
+                           "pass the path of a file written by Cluster.to_json (or a JSON "
+                           "string starting with '{')") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise _bad("A cluster file is not valid JSON", f"{source}: {e}",
+                       "write it with Cluster.to_json") from None
+        try:
+            return cls.from_dict(d)
+        except (KeyError, TypeError) as e:
+            # A hand-written host or device entry without a required key.
+            raise _bad("A cluster JSON entry is malformed", f"{source}: {type(e).__name__}: "
+                       f"{e}", "give every host 'name', 'intra_bandwidth' and 'devices', and "
+                       "every device 'name', 'type_name' and 'tf_device'") from None
 
     # ------------------------------------------------------ TensorFlow clusters
 

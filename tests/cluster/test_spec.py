@@ -205,3 +205,43 @@ def test_paper_cluster():
     assert c.device("host2/gpu3").tf_device == "/job:worker/replica:0/task:2/device:GPU:3"
     assert c.same_host("host1/gpu0", "host1/gpu3")
     assert not c.is_emulated
+
+
+# ----------------------------------------------------- files a user wrote by hand
+
+
+def test_from_json_missing_file_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError, match="No cluster JSON file at this path. Received: "
+                       "path='papr'"):
+        Cluster.from_json("papr")
+    with pytest.raises(ValueError, match="No cluster JSON file"):
+        Cluster.from_json(str(tmp_path))            # a directory
+
+
+def test_from_json_bad_json_and_missing_keys_are_value_errors(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text("{'hosts': []}")                 # Python, not JSON
+    with pytest.raises(ValueError, match="not valid JSON"):
+        Cluster.from_json(str(path))
+    d = paper_cluster().to_dict()
+    del d["hosts"][1]["devices"][0]["tf_device"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="malformed.*KeyError: 'tf_device'"):
+        Cluster.from_json(str(path))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("memory_bytes", 0), ("memory_bytes", -GIB), ("memory_bandwidth", -1e11),
+    ("memory_bandwidth", 0.0),
+])
+def test_custom_device_type_with_bad_memory_or_bandwidth_is_refused(tmp_path, field, value):
+    d = paper_cluster().to_dict()
+    custom = {"name": f"BAD_{field.upper()}", "kind": "GPU", "cores": 1000,
+              "boost_clock_mhz": 1000.0, "memory_bytes": 4 * GIB, "memory_bandwidth": 1e11,
+              field: value}
+    d["device_types"] = [custom]
+    d["hosts"][0]["devices"][0]["type_name"] = custom["name"]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=f"{field} must be .*Received: {field}={value!r}"):
+        Cluster.from_json(str(path))

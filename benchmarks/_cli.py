@@ -1,0 +1,54 @@
+"""What the binaries of benchmarks/ share: how they end on bad input, and --cluster.
+
+`run(main)` is absl's `app.run(main)`, except that an error of the user's making ends the
+process with one line on stderr and a non-zero exit, without a traceback and without the
+whole --help before it: `app.UsageError` (exit 2) and the library's validation errors,
+`ValueError` (which `PartitionError`, `AllocationError` and `PlacementError` are) and
+`OSError` (exit 1). Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+from absl import app
+
+USAGE_EXIT, ERROR_EXIT = 2, 1
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+def run(main: Callable[[list[str]], object]) -> None:
+    def checked(argv: list[str]):
+        try:
+            return main(argv)
+        except app.UsageError as e:
+            sys.stderr.write(f"usage error: {_one_line(e)}\n")
+        except (ValueError, OSError) as e:
+            sys.stderr.write(f"error: {_one_line(e)}\n")
+            sys.exit(ERROR_EXIT)
+        sys.exit(USAGE_EXIT)
+
+    app.run(checked)
+
+
+def load_cluster(value: str, flag: str = "--cluster"):
+    """The cluster a --cluster flag names: 'paper' or a cluster JSON file ('local' is each
+    binary's own). Custom device types in the file are registered by loading it."""
+    from hetpipe_tf.cluster.spec import Cluster, paper_cluster
+
+    if value == "paper":
+        return paper_cluster()
+    if not value.lstrip().startswith("{") and not os.path.isfile(value):
+        raise app.UsageError(
+            f"{flag} must be 'local', 'paper' or the path of a cluster JSON file. Received: "
+            f"{flag}={value} (no such file); fix the name or write the file with "
+            "hetpipe_tf.cluster.spec.Cluster.to_json.")
+    try:
+        return Cluster.from_json(value)
+    except ValueError as e:
+        raise ValueError(f"{flag}={value}: {e}") from None

@@ -83,7 +83,7 @@ def check_model(model, strategy) -> None:
     if model.optimizer is None:
         raise ValueError("The model has no optimizer. Received: optimizer=None; call "
                          "model.compile(optimizer=...) inside strategy.scope().")
-    _check_compile(model, strategy)
+    _check_compile(model)
     if _keras_shim.functional_graph(model) is None:
         if isinstance(model, keras.Sequential):
             raise ValueError(
@@ -107,19 +107,11 @@ def check_model(model, strategy) -> None:
                 "loss with sample weights instead).")
 
 
-def _check_compile(model, strategy) -> None:
+def _check_compile(model) -> None:
     """What `compile()` chose that the pipelined step cannot honour (docs/validation.md)."""
+    # (An optimizer compiled outside the scope is refused by the strategy when fit
+    # distributes its dataset, before Keras builds the optimizer's slots.)
     optimizer = model.optimizer
-    # Keras' TF optimizer records the strategy current at its creation; there is no public
-    # accessor (candidate for _keras_shim).
-    created_under = getattr(optimizer, "_distribution_strategy", strategy)
-    if created_under is not strategy:
-        raise ValueError(
-            "compile() was called outside HetPipeStrategy.scope(), so the optimizer belongs "
-            "to another strategy and cannot create its slots or apply updates in the "
-            f"pipeline. Received: optimizer {type(optimizer).__name__} created under "
-            f"{type(created_under).__name__}; call model.compile(...) inside "
-            "`with strategy.scope():`.")
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         raise ValueError(
             "HetPipeStrategy does not support loss scaling (the mixed_float16 policy wraps "

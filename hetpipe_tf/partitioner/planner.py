@@ -12,6 +12,7 @@ pipeline busy, and more only adds staleness and memory (docs/partitioner.md).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Sequence
 
 from hetpipe_tf.cluster.catalog import get_device_type
@@ -52,7 +53,7 @@ def measurable_devices(devices: Sequence[Device]) -> dict[str, str]:
 def _check_count(name: str, value: Any, fix: str, none_ok: bool = False) -> None:
     # bool is an int in Python, and "2" from a flag or a config would fail later as a
     # TypeError deep in the MILP: refuse both here, by name.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise PartitionError(
             f"{name} must be {'None or ' if none_ok else ''}an int >= 1. Received: "
             f"{name}={value!r}; pass {fix}.")
@@ -77,6 +78,9 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
         _check_count("n_m", n_m, "n_m=None for min(Max_m, devices) or e.g. n_m=2",
                      none_ok=True)
     _check_count("max_n_m", max_n_m, "e.g. max_n_m=32")
+    # numpy integers are accepted; the plan keeps Python ints (JSON-serialisable).
+    batch_size, max_n_m = int(batch_size), int(max_n_m)
+    n_m = None if n_m is None else int(n_m)
     chosen = [cluster.device(d) for d in (devices if devices is not None else cluster.devices)]
     if not chosen:
         raise PartitionError("The cluster has no compute devices to plan on. Received: "

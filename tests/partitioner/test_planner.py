@@ -59,3 +59,14 @@ def test_malformed_arguments_are_value_errors_before_profiling(kw, match, monkey
     with pytest.raises(ValueError, match=match):
         plan_model(models.build_model("mlp", num_classes=10), Cluster.local(["LOCAL_CPU"]),
                    args.pop("batch_size"), **args)
+
+
+def test_numpy_integers_are_accepted_and_the_plan_keeps_python_ints():
+    import numpy as np
+
+    from hetpipe_tf.partitioner.plan import Plan
+    result = plan_model(models.build_model("mlp", num_classes=10),
+                        Cluster.local(["LOCAL_CPU", "LOCAL_CPU"]), np.int64(8),
+                        n_m=np.int64(2), measure=False)
+    assert type(result.plan.n_m) is int and type(result.plan.batch_size) is int
+    assert Plan.from_json(result.plan.to_json()) == result.plan

@@ -8,7 +8,9 @@ would define the tests and exit 0 without running them. Each py_test therefore r
 def pytest_tests(deps = [], data = [], size = "medium", timeout = "long", tags = []):
     """Declares the py_tests for every test_*.py below this package (not in subpackages).
 
-    Other .py files in the package (helpers) become the py_library `helpers`.
+    Other .py files in the package (helpers) become the py_library `helpers`, which test
+    packages in other folders may depend on (`//tests/strategy:helpers`) when they import
+    `tests.<folder>.<module>`.
     """
     test_files = native.glob(["**/test_*.py"])
     helpers = native.glob(["**/*.py"], exclude = test_files + ["conftest.py"])
@@ -17,6 +19,7 @@ def pytest_tests(deps = [], data = [], size = "medium", timeout = "long", tags =
         srcs = helpers,
         deps = deps + ["//tests:conftest"],
         testonly = True,
+        visibility = ["//tests:__subpackages__"],
     )
     for src in test_files:
         native.py_test(

@@ -5,10 +5,10 @@ r"""Train for real on an embedded default: the README's main job.
 What HetPipe exists for, on this machine: a local emulated heterogeneous cluster of 4
 logical CPU devices on 2 (emulated) hosts, the last device EMULATED at half speed (its
 stages sleep for the extra time; emulation only). The NP allocation forms 2 virtual
-workers (VWs), one per host, so the second VW is the slower one; the planner profiles the model and partitions it into
-one 2-stage pipeline per VW, and the VWs do data parallelism through parameter servers
-under Wave Synchronous Parallel with clock distance D=1, all under plain Keras
-`model.fit` with Adam. The task is generated offline: four interleaved spirals, lifted to
+workers (VWs), one per host, so the second VW is the slower one; the planner profiles the
+model and partitions it into one 2-stage pipeline per VW, and the VWs do data parallelism
+through parameter servers under Wave Synchronous Parallel with clock distance D=1, all
+under plain Keras `model.fit` with Adam. The task is generated offline: four interleaved spirals, lifted to
 16 features (learnable, not linear). Prints the cluster, the VWs, Keras' progress, each
 VW's plan, the largest clock distance reached (bounded by D+1), each VW's wait for global
 weights (the VW holding the slow device makes the other wait) and the final validation
@@ -39,9 +39,9 @@ _SPEED = flags.DEFINE_list("speed_factors", ["1.0", "1.0", "1.0", "0.5"],
                            "Emulated speed factor per device (one logical CPU each).")
 _HOSTS = flags.DEFINE_integer("hosts", 2, "Emulated hosts the devices are split over, in "
                               "order (all are logical CPUs of this machine; the planner "
-                              "and the ED allocation see the hosts).", lower_bound=1)
-_VWS = flags.DEFINE_integer("virtual_workers", 2, "Virtual workers formed by ED "
-                            "allocation; 1 = one pipeline over every device, no parameter "
+                              "and the allocation see the hosts).", lower_bound=1)
+_VWS = flags.DEFINE_integer("virtual_workers", 2, "Virtual workers formed by "
+                            "--allocation; 1 = one pipeline over every device, no parameter "
                             "servers.", lower_bound=1)
 _ALLOCATION = flags.DEFINE_enum("allocation", "NP", ["NP", "ED", "HD"],
                                 "How devices form virtual workers (Section 8.1): NP one "

@@ -9,10 +9,11 @@ workers (VWs), one per host, so the second VW is the slower one; the planner pro
 model and partitions it into one 2-stage pipeline per VW, and the VWs do data parallelism
 through parameter servers under Wave Synchronous Parallel with clock distance D=1, all
 under plain Keras `model.fit` with Adam. The task is generated offline: four interleaved
-spirals, lifted to 16 features (learnable, not linear). Prints the cluster, the VWs, Keras' progress, each
-VW's plan, the largest clock distance reached (bounded by D+1), each VW's wait for global
-weights (the VW holding the slow device makes the other wait) and the final validation
-accuracy; exits non-zero if the model did not learn (accuracy <= --min_accuracy).
+spirals, lifted to 16 features (learnable, not linear). Prints the cluster, the VWs,
+Keras' progress, each VW's plan, the largest clock distance reached (bounded by D+1), each
+VW's wait for global weights (the VW holding the slow device makes the other wait) and the
+final validation accuracy; exits non-zero if the model did not learn (accuracy <=
+--min_accuracy).
 
 One pipelined VW over every device (the previous default):
 

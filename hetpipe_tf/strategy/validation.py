@@ -126,8 +126,8 @@ def _check_compile(model) -> None:
             "HetPipeStrategy cannot run with XLA: its training step hands each minibatch to "
             "the pipeline's threads through tf.py_function, which XLA cannot compile (each "
             "stage's own functions are compiled by TensorFlow as usual). Received: "
-            "jit_compile=True; call model.compile(..., jit_compile=False) (on a GPU "
-            "machine Keras' default jit_compile='auto' turns XLA on: pass False).")
+            "jit_compile=True; call model.compile(..., jit_compile=False) or leave the "
+            "default 'auto' (Keras turns XLA off under a tf.distribute strategy).")
 
 
 def check_batch(data) -> int:

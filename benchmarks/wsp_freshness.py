@@ -35,8 +35,8 @@ OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "adam": ("Adam", {"learning_rate": 2e-3}),
 }
 
-_OPTIMIZERS = flags.DEFINE_list("optimizers", ["sgd", "momentum", "adam"], "Optimizers to compare, from "
-                                f"{sorted(OPTIMIZERS)}.")
+_OPTIMIZERS = flags.DEFINE_list("optimizers", ["sgd", "momentum", "adam"],
+                                f"Optimizers to compare, from {sorted(OPTIMIZERS)}.")
 _DISTANCES = flags.DEFINE_list("distances", ["0", "4", "32"], "Clock distances D.")
 _EPOCHS = flags.DEFINE_integer("epochs", 10, "Training epochs.", lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
@@ -103,7 +103,8 @@ def _optimizer(name: str):
 
 
 def _train(name, weights0, train, test, strategy=None) -> dict:
-    """`train()` makes the dataset. Final test accuracy (and WSP figures) of one setting; the error if it failed."""
+    """Final test accuracy (and WSP figures) of one setting, or the error if it failed;
+    `train()` makes the dataset."""
     import contextlib
 
     t0 = time.perf_counter()

@@ -27,6 +27,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core import wsp
+from hetpipe_tf.pipeline.window import Window
 
 
 def read_values(variables: Sequence[tf.Variable]) -> list:
@@ -56,7 +57,7 @@ class ParameterServers:
     """w_global on the parameter servers' devices and the WSP clocks of `num_workers`."""
 
     def __init__(self, initial: Sequence, devices: Sequence[str], num_workers: int,
-                 names: Sequence[str] | None = None):
+                 names: Sequence[str] | None = None, history: int = 10_000):
         if len(initial) != len(devices):
             raise ValueError(f"One device per variable is needed. Received: {len(initial)} "
                              f"variables, {len(devices)} devices.")
@@ -74,10 +75,12 @@ class ParameterServers:
         self._cond = threading.Condition()
         self._pushed = [0] * num_workers
         self._released = False
-        self.pushes: list[Push] = []
+        self.pushes = Window(history)   # the last `history` pushes, indexed absolutely
         self._run_first_push = 0   # index in `pushes` of the current run's first push
         self.run_start_clocks: list[tuple[int, ...]] = []   # clocks at each run's start
         self.pull_count = 0
+        # w_global as it stood when the global clock (min over workers) last advanced.
+        self._at_global: tuple[list, tuple[int, ...]] | None = None
         self._add = tf.function(self._add_impl, reduce_retracing=True)
 
     # --- clocks -------------------------------------------------------------------------
@@ -111,6 +114,7 @@ class ParameterServers:
                 for v, x in zip(self.variables, values):
                     v.assign(x)
             self._pushed = list(wsp.clocks_at_run_start(self._pushed))
+            self._at_global = None
             self.run_start_clocks.append(tuple(self._pushed))
             self._released = False
             self._run_first_push = len(self.pushes)
@@ -134,8 +138,11 @@ class ParameterServers:
             if wave != self._pushed[worker]:
                 raise RuntimeError(f"Worker {worker} pushed wave {wave} but its clock is "
                                    f"{self._pushed[worker]}: pushes must come in wave order.")
+            before = min(self._pushed)
             self._add(list(deltas))
             self._pushed[worker] = wave + 1
+            if min(self._pushed) > before:   # copy-on-write: a copy only once written again
+                self._at_global = (read_values(self.variables), tuple(self._pushed))
             self.pushes.append(Push(worker, wave, tuple(self._pushed), final))
             self._cond.notify_all()
 
@@ -150,6 +157,19 @@ class ParameterServers:
         """(w_global as tensors on the servers' devices, clocks it reflects)."""
         with self._cond:
             self.pull_count += 1
+            return read_values(self.variables), tuple(self._pushed)
+
+    def pull_wave(self, worker: int, wave: int) -> tuple[list, tuple[int, ...]]:
+        """The pull after waiting for `wave`: w_global as it stood when every worker had
+        pushed `wave` (the global clock passed it) if that state already holds every wave
+        `worker` pushed (its invariant: a pull loses no local update), else the live
+        w_global. A faster worker's later waves are then never mixed in by timing: with
+        D = 0 and N_m = 1 one stage per worker is exactly synchronous data parallelism."""
+        with self._cond:
+            self.pull_count += 1
+            snap = self._at_global
+            if snap is not None and min(snap[1]) > wave and snap[1][worker] == self._pushed[worker]:
+                return list(snap[0]), snap[1]
             return read_values(self.variables), tuple(self._pushed)
 
     def pull_if_newer(self, worker: int, held: Sequence[int]

@@ -51,7 +51,8 @@ class WaveSync:
     """
 
     def __init__(self, worker: int, servers: ParameterServers, local: Sequence[tf.Variable],
-                 n_m: int, clock_distance: int, fresh_pulls: bool = True):
+                 n_m: int, clock_distance: int, fresh_pulls: bool = True,
+                 history: int = 10_000):
         if len(local) != len(servers.variables):
             raise ValueError(f"w_local needs one variable per parameter-server variable. "
                              f"Received: {len(local)} local, {len(servers.variables)} on the "
@@ -66,7 +67,8 @@ class WaveSync:
             raise ValueError(f"fresh_pulls must be a bool. Received: fresh_pulls="
                              f"{fresh_pulls!r}; pass True or False.")
         self.fresh_pulls = fresh_pulls
-        self.record: dict[int, tuple[int, ...]] = {}
+        self.record: dict[int, tuple[int, ...]] = {}   # the last `history` minibatches
+        self.history = history
         self.wait_s = 0.0   # time spent waiting for other VWs' waves
         self.fresh_pull_count = 0   # pulls at a wave end with c < D (nothing to wait for)
         self._run_start = 1
@@ -129,6 +131,8 @@ class WaveSync:
             elif self.fresh_pulls:
                 self._fresh_pull()
         self.record[q + self.n_m] = self._vector
+        while len(self.record) > self.history:
+            del self.record[next(iter(self.record))]
 
     def _push(self, wave: int, final: bool = False) -> None:
         self.servers.push(self.worker, wave, self._delta(self._base), final)
@@ -143,7 +147,7 @@ class WaveSync:
         t0 = time.perf_counter()
         self.servers.wait_for_wave(wave)
         self.wait_s += time.perf_counter() - t0
-        self._take(self.servers.pull())
+        self._take(self.servers.pull_wave(self.worker, wave))
 
     def _fresh_pull(self) -> None:
         pulled = self.servers.pull_if_newer(self.worker, self._vector)

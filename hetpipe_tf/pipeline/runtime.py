@@ -6,18 +6,21 @@ takes tasks from its FIFO queue in the order they became ready: a forward task w
 previous stage sent p's activations, a backward task when the next stage sent p's output
 gradients; the last stage runs forward, loss and backward of p as one task and then updates
 the loss and compiled metrics, in minibatch order. When stage 0 finishes p's backward, p is
-complete: its update is applied to w_local and the version of p + N_m is taken (no drain
-between waves). `drain` waits until every submitted minibatch completed; the next `submit`
+committed: stage 0 applies its own part of u_p and snapshots its part of the version of
+p + N_m on its thread and device, and every other stage gets an apply task that does the same
+for its part on its own thread and device (each GPU updates its own weights, as in HetPipe),
+FIFO before any later forward of that stage (no drain between waves; `weights.py`). `drain` waits until every submitted minibatch completed; the next `submit`
 then starts a new run whose first N_m minibatches use the drained weights.
 
-With `update_thread=True` (several virtual workers under WSP) a minibatch whose stage-0
-backward finished is handed to an updater thread that applies the updates in order, so
-that stage 0 keeps computing while the updater waits for global weights (Section 5: the
-VW "may start s_local minibatches of the next wave while it waits").
+With `update_thread=True` (several virtual workers under WSP) a committed minibatch is
+handed to an updater thread that waits until every stage applied it and runs the wave hook
+(`after_apply`: push, wait, pull) in order, so that the stages keep computing while the
+updater waits for global weights (Section 5: the VW "may start s_local minibatches of the
+next wave while it waits"); p counts as complete after its hook.
 
 Lifecycle: the runtime owns its threads; `close()` (or leaving `with runtime:`) stops and
-joins them. `abort()` drops every minibatch in flight without applying it (an update being
-applied at that moment finishes), waits until no stage works any more and leaves w_local at
+joins them. `abort()` drops every minibatch in flight that was not committed (a committed one is
+applied on every stage, never on some only), waits until no stage works any more and leaves w_local at
 the last applied state; the next `submit` starts a fresh run from it. A failing task stops
 the pipeline and is re-raised to the caller as its own exception, with a note naming the
 stage, its device, the virtual worker and the minibatch.
@@ -38,10 +41,11 @@ import tensorflow as tf
 
 from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.pipeline.stage import Stage
-from hetpipe_tf.pipeline.weights import Version, WeightVersions
+from hetpipe_tf.pipeline.weights import WeightVersions
 from hetpipe_tf.pipeline.window import Window
 
 _STOP = object()
+_APPLY = "apply"   # a stage's task: apply its part of a committed minibatch's update
 
 
 class PipelineError(RuntimeError):
@@ -73,7 +77,6 @@ class Minibatch:
     inputs: list
     y: Any
     sample_weight: Any
-    version: Version | None = None
     saved: dict = dataclasses.field(default_factory=dict)
     grads: dict = dataclasses.field(default_factory=dict)
     deltas: dict = dataclasses.field(default_factory=dict)
@@ -89,19 +92,27 @@ class TraceEvent:
 
 
 class PipelineRuntime:
-    def __init__(self, stages: Sequence[Stage], optimizer, n_m: int,
+    def __init__(self, stages: Sequence[Stage], weights: WeightVersions, n_m: int,
                  update_metrics: Callable[[Any, Any, Any, Any], dict], trace: bool = True,
-                 local=None, after_apply: Callable[[int], None] | None = None,
+                 after_apply: Callable[[int], None] | None = None,
                  update_thread: bool = False, metrics_lock: threading.Lock | None = None,
-                 counter=None, vw: int = 0, history: int = DEFAULT_HISTORY, plan=None):
+                 vw: int = 0, history: int = DEFAULT_HISTORY, plan=None,
+                 on_run_start: Callable[[], None] | None = None,
+                 on_run_end: Callable[[], None] | None = None):
         self.stages = list(stages)
         self.plan = plan  # the partitioner Plan the stages come from (reports, monitors)
         self.n_m = n_m
         self.vw = vw
         self.history = history
-        self.versions = WeightVersions(self.stages, optimizer, n_m, local=local,
-                                       after_apply=after_apply, counter=counter,
-                                       history=history)
+        if len(weights.stages) != len(self.stages):
+            raise ValueError(f"One StageWeights per stage is needed. Received: "
+                             f"{len(weights.stages)} for {len(self.stages)} stages.")
+        self.versions = weights
+        self._after_apply = after_apply
+        # Called when a run opens / after it closed (one VW: the optimizer state moves
+        # between the stages' optimizers and the model's there).
+        self._on_run_start = on_run_start
+        self._on_run_end = on_run_end
         self._update_metrics = update_metrics
         # Several virtual workers update the model's shared metrics: one at a time.
         self._metrics_lock = metrics_lock or threading.Lock()
@@ -144,6 +155,8 @@ class PipelineRuntime:
             if self._closed:
                 raise PipelineError(f"The pipeline of virtual worker {self.vw} is closed.")
             if not self._run_open:
+                if self._on_run_start is not None:
+                    self._on_run_start()
                 self._run_open = True
                 self.run_starts.append(self.submitted + 1)
                 self.versions.start_run(self.submitted + 1)
@@ -152,7 +165,6 @@ class PipelineRuntime:
             self._raise_if_failed()
             self.submitted += 1
             mb = Minibatch(self.submitted, inputs, y, sample_weight, run=self._run)
-        mb.version = self.versions.take(mb.id)
         kind = TaskKind.FORWARD_BACKWARD if len(self.stages) == 1 else TaskKind.FORWARD
         self._queues[0].put((kind, mb, None))
 
@@ -168,8 +180,14 @@ class PipelineRuntime:
         with self._cond:
             while self.completed < self.submitted and self._error is None:
                 self._cond.wait()
-            self._run_open = False
+            target = self.submitted
+        # Every stage's apply task of the completed minibatches has run.
+        self.versions.wait_applied(target, stop=lambda: self._error is not None)
+        with self._cond:
             self._raise_if_failed()
+            was_open, self._run_open = self._run_open, False
+        if was_open and self._on_run_end is not None:
+            self._on_run_end()
 
     @property
     def record(self) -> RecordView:
@@ -187,9 +205,9 @@ class PipelineRuntime:
         return self._error
 
     def abort(self) -> None:
-        """Drop every minibatch in flight without applying it and end the run; returns when
-        no stage works on them any more. w_local is the last applied state. Clears a failure,
-        so the runtime can run again from that state."""
+        """Drop every minibatch in flight that was not committed (a committed one finishes
+        on every stage) and end the run; returns when no stage works any more. w_local is the
+        last applied state. Clears a failure, so the runtime can run again from there."""
         with self._cond:
             self._run += 1
             self._cond.notify_all()
@@ -201,9 +219,11 @@ class PipelineRuntime:
             for p in range(self.completed + 1, self.submitted + 1):
                 self.versions.forget(p)
             self.submitted = self.completed
-            self._run_open = False
+            was_open, self._run_open = self._run_open, False
             self._error = None
             self._cond.notify_all()
+        if was_open and self._on_run_end is not None:
+            self._on_run_end()
 
     def close(self) -> None:
         """Stop and join the threads (minibatches in flight are dropped)."""
@@ -246,15 +266,15 @@ class PipelineRuntime:
                 return
             kind, mb, payload = item
             with self._cond:
-                if self._error is not None or mb.run != self._run:
-                    continue  # failed or aborted: drop
+                if kind != _APPLY and (self._error is not None or mb.run != self._run):
+                    continue  # failed or aborted before commit: drop
                 self._busy += 1
             t0 = time.perf_counter()
             try:
                 self._run_task(j, stage, kind, mb, payload, t0)
             except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
-                self._fail(e, f"stage {j} on {stage.device} ({kind.value} of minibatch "
-                              f"{mb.id})")
+                what = "the update" if kind == _APPLY else kind.value
+                self._fail(e, f"stage {j} on {stage.device} ({what} of minibatch {mb.id})")
             finally:
                 with self._cond:
                     self._busy -= 1
@@ -264,12 +284,14 @@ class PipelineRuntime:
         if self.trace_enabled:
             self.trace.append(TraceEvent(Task(j, p, kind), t0, time.perf_counter()))
 
-    def _run_task(self, j: int, stage: Stage, kind: TaskKind, mb: Minibatch, payload, t0):
-        v = mb.version
+    def _run_task(self, j: int, stage: Stage, kind, mb: Minibatch, payload, t0):
+        if kind == _APPLY:
+            self.versions.apply(j, mb.id, mb.grads.pop(j), mb.deltas.pop(j))
+            return
         if kind is TaskKind.FORWARD:
             inputs = mb.inputs if j == 0 else payload
-            outputs, extra, deltas, saved = stage.forward(v.trainable[j], v.non_trainable[j],
-                                                          inputs)
+            tvals, nvals = self.versions.take(mb.id, j)
+            outputs, extra, deltas, saved = stage.forward(tvals, nvals, inputs)
             mb.saved[j] = saved
             mb.deltas[j] = deltas
             mb.extra_loss = extra if j == 0 else mb.extra_loss + extra
@@ -278,8 +300,9 @@ class PipelineRuntime:
             self._queues[j + 1].put((nxt, mb, outputs))
         elif kind is TaskKind.FORWARD_BACKWARD:
             inputs = mb.inputs if j == 0 else payload
+            tvals, nvals = self.versions.take(mb.id, j)
             wg, in_grads, loss, outputs, deltas = stage.forward_backward(
-                v.trainable[j], v.non_trainable[j], inputs, mb.y, mb.sample_weight)
+                tvals, nvals, inputs, mb.y, mb.sample_weight)
             mb.grads[j] = wg
             mb.deltas[j] = deltas
             total = loss if j == 0 else loss + mb.extra_loss
@@ -290,7 +313,7 @@ class PipelineRuntime:
                 self.logs_time = time.perf_counter()
             self._record(j, kind, mb.id, t0)
             if j == 0:
-                self._complete(mb)
+                self._commit(mb)
             else:
                 self._queues[j - 1].put((TaskKind.BACKWARD, mb, in_grads))
         else:
@@ -298,7 +321,7 @@ class PipelineRuntime:
             mb.grads[j] = wg
             self._record(j, kind, mb.id, t0)
             if j == 0:
-                self._complete(mb)
+                self._commit(mb)
             else:
                 self._queues[j - 1].put((TaskKind.BACKWARD, mb, in_grads))
 
@@ -307,38 +330,39 @@ class PipelineRuntime:
             mb = self._updates.get()
             if mb is _STOP:
                 return
-            with self._cond:
-                if self._error is not None or mb.run != self._run:
-                    continue  # failed or aborted: drop
+            with self._cond:   # committed minibatches are never dropped
                 self._busy += 1
             try:
-                self._apply(mb)
+                self.versions.wait_applied(mb.id, stop=lambda: self._error is not None)
+                if self._error is None and self._after_apply is not None:
+                    self._after_apply(mb.id)
             except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
-                self._fail(e, f"the update of minibatch {mb.id}")
+                self._fail(e, f"the wave sync after minibatch {mb.id}")
             finally:
+                self._completed(mb)
                 with self._cond:
                     self._busy -= 1
                     self._cond.notify_all()
 
-    def _complete(self, mb: Minibatch) -> None:
-        if self._updates is not None:
-            with self._cond:  # counted busy until the updater takes it (abort waits for it)
-                self._updates.put(mb)
-        else:
-            self._apply(mb)
-
-    def _apply(self, mb: Minibatch) -> None:
+    def _commit(self, mb: Minibatch) -> None:
+        """Stage 0 finished p's backward: p is applied on every stage (or, if an abort came
+        first, on none)."""
         with self._cond:
             if mb.run != self._run:
-                return  # aborted before its update began: dropped
-        k = len(self.stages)
+                return  # aborted before its commit: dropped
+            for j in range(1, len(self.stages)):   # FIFO before the stage's later forwards
+                self._queues[j].put((_APPLY, mb, None))
         t0 = time.perf_counter()
-        self.versions.apply(mb.id, [mb.grads[j] for j in range(k)],
-                            [mb.deltas[j] for j in range(k)])
-        # Seconds per update (optimizer + next snapshot, with WSP also push/wait/pull): work
-        # outside every task span; on one VW it occupies stage 0's thread.
+        self.versions.apply(0, mb.id, mb.grads.pop(0), mb.deltas.pop(0))
+        # Seconds of stage 0's own update (optimizer + its next snapshot): work outside every
+        # task span on stage 0's thread.
         self.update_s.append(time.perf_counter() - t0)
-        mb.version = None
+        if self._updates is not None:
+            self._updates.put(mb)
+        else:
+            self._completed(mb)
+
+    def _completed(self, mb: Minibatch) -> None:
         with self._cond:
             self.completed = mb.id
             self.completions.append(mb.id)

@@ -1,126 +1,193 @@
-"""w_local and its versions (paper Section 4, "Considering Staleness").
+"""w_local and its versions, stage by stage (paper Section 4, "Considering Staleness").
 
-w_local is the model's real variables. A `Version` is a snapshot of them as tensors, one
-list per stage, read on that stage's device: TensorFlow's copy-on-write keeps a snapshot's
-buffers intact when the variables are later updated, so a version costs a copy only of what
-changes while it is alive (and a transfer when a variable sits on another device).
+In HetPipe every GPU updates its own partition: each stage's `StageWeights` holds its part of
+w_local (the model's variables with one virtual worker, the VW's copies with several), its
+own optimizer (a clone of the model's, so per-stage step counts equal the minibatch count)
+and the versions of its part. The stage applies u_q to its part on its own thread and device
+and snapshots the version of q + N_m there. A version is a `tf.identity` of each variable:
+TensorFlow's copy-on-write keeps a snapshot intact when the variable is later updated, so a
+version costs a copy only of what changes while it is alive.
 
-`WeightVersions` keeps the version of every minibatch in flight and the record of which
-update ids each minibatch's weights reflected. When minibatch q completes, `apply` adds u_q
-to w_local (the model's optimizer applies q's gradients once, so its counters advance once
-per minibatch, plus the BatchNorm-style deltas) and snapshots the version for q + N_m.
+A minibatch is applied on every stage or on none: stage 0 commits q when it finishes q's
+backward (the runtime then hands each other stage an apply task, FIFO before any later
+forward of that stage), so an abort never leaves a partial update.
+
+With several VWs the wave sync needs w_local as it stood right after update q
+(`state_after(q)`, the version snapshot of q + N_m) while later updates may already be
+applied on some stages, and replaces that state by pulled global weights with `rebase`:
+every stage's part and its later versions move by (pulled - state_after(q)), so the local
+updates after q are kept exactly.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from typing import Callable, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim as keras_shim
 
 
-@dataclasses.dataclass(frozen=True)
-class Version:
-    """Weights reflecting exactly local updates 1..last_update (per-stage tensor lists)."""
-
-    last_update: int
-    trainable: tuple[tuple, ...]     # per stage
-    non_trainable: tuple[tuple, ...]  # per stage (versioned float state)
-
-    @property
-    def updates(self) -> tuple[int, ...]:
-        return tuple(range(1, self.last_update + 1))
-
-
-class WeightVersions:
-    """w_local and its versions.
+class StageWeights:
+    """One stage's part of w_local, its optimizer and its versions.
 
     Args:
-      stages: the virtual worker's stages (their devices; their model variables by default).
-      optimizer: applies each minibatch's gradients to w_local.
+      device: the stage's device (snapshots and updates run there).
+      trainable, non_trainable: the variables that ARE this stage's w_local (versioned
+        non-trainable = float state such as BatchNorm statistics, updated by deltas).
+      optimizer: applies this stage's gradients (built on `trainable`).
       n_m: minibatches in flight.
-      local: per stage, (trainable, versioned non-trainable) variables that ARE w_local;
-        default: the model's own variables (one virtual worker). Several virtual workers
-        each pass their own copies (hetpipe_tf.ps.coordinator).
-      after_apply: called as after_apply(q) once u_q is in w_local and before the version
-        of q + N_m is taken: WSP pushes a finished wave and pulls global weights there.
-      counter: an int variable incremented once per update applied, in the same step (the
-        model optimizer's iterations when VWs apply with optimizers of their own).
-      history: how many minibatches `record` keeps.
+      counter: an int variable incremented once per update (stage 0 only: the model
+        optimizer's iterations when the stages apply with optimizers of their own).
     """
 
-    def __init__(self, stages: Sequence, optimizer, n_m: int,
-                 local: Sequence[tuple[Sequence, Sequence]] | None = None,
-                 after_apply: Callable[[int], None] | None = None, counter=None,
-                 history: int = 10_000):
-        self._stages = list(stages)
-        self._optimizer = optimizer
+    def __init__(self, device: str, trainable: Sequence, non_trainable: Sequence, optimizer,
+                 n_m: int, counter=None):
+        self.device = device
+        self.trainable = list(trainable)
+        self.non_trainable = list(non_trainable)
+        self.optimizer = optimizer
         self._n_m = n_m
-        if local is None:
-            local = [(s.trainable, s.versioned_nt) for s in self._stages]
-        self.local = [(list(t), list(n)) for t, n in local]
-        self._tvars = [v for t, _ in self.local for v in t]
-        self._ntvars = [v for _, n in self.local for v in n]
-        self._after_apply = after_apply
-        self._versions: dict[int, Version] = {}
-        self._lock = threading.Lock()
-        self.applied = 0            # id of the last update applied to w_local
-        self.record: dict[int, int] = {}  # minibatch id -> last update id its version had
-        self._history = history
         self._counter = counter
+        self._versions: dict[int, tuple[int, tuple, tuple]] = {}
+        self._lock = threading.Lock()
+        self.applied = 0
         self._apply_fn = tf.function(self._apply_impl, reduce_retracing=True)
+        self._add_fn = tf.function(self._add_impl, reduce_retracing=True)
 
-    def snapshot(self) -> Version:
-        tr, nt = [], []
-        for s, (tvars, ntvars) in zip(self._stages, self.local):
-            with tf.device(s.device):
-                tr.append(tuple(tf.identity(keras_shim.variable_handle(v)) for v in tvars))
-                nt.append(tuple(tf.identity(keras_shim.variable_handle(v)) for v in ntvars))
-        return Version(self.applied, tuple(tr), tuple(nt))
+    @property
+    def variables(self) -> list:
+        return self.trainable + self.non_trainable
 
-    def start_run(self, first: int) -> None:
-        """A run starts at minibatch `first`: minibatches first..first+N_m-1 use w_local now."""
-        base = self.snapshot()
+    def snapshot(self) -> tuple[tuple, tuple]:
+        with tf.device(self.device):
+            return (tuple(tf.identity(keras_shim.variable_handle(v)) for v in self.trainable),
+                    tuple(tf.identity(keras_shim.variable_handle(v))
+                          for v in self.non_trainable))
+
+    def start_run(self, first: int, applied: int) -> None:
+        """Minibatches first..first+N_m-1 use w_local as it is now (reflecting `applied`)."""
         with self._lock:
-            self._versions = {p: base for p in range(first, first + self._n_m)}
+            self.applied = applied
+            t, n = self.snapshot()
+            self._versions = {p: (applied, t, n) for p in range(first, first + self._n_m)}
 
-    def take(self, p: int) -> Version:
-        """The version minibatch p uses (recorded); stays alive until `release(p)`."""
+    def take(self, p: int) -> tuple[int, tuple, tuple]:
+        """(last update reflected, trainable values, non-trainable values) of minibatch p."""
         with self._lock:
-            version = self._versions.pop(p)
-            self.record[p] = version.last_update
-            while len(self.record) > self._history:
-                del self.record[next(iter(self.record))]
-        return version
+            return self._versions.pop(p)
 
     def forget(self, p: int) -> None:
-        """Minibatch p was dropped (abort): no version or record of it remains."""
         with self._lock:
             self._versions.pop(p, None)
-            self.record.pop(p, None)
 
     def _apply_impl(self, grads, deltas):
-        pairs = [(g, v) for g, v in zip(grads, self._tvars) if g is not None]
+        pairs = [(g, v) for g, v in zip(grads, self.trainable) if g is not None]
         if pairs:
-            self._optimizer.apply_gradients(pairs)
-        for v, d in zip(self._ntvars, deltas):
+            self.optimizer.apply_gradients(pairs)
+        for v, d in zip(self.non_trainable, deltas):
             keras_shim.variable_handle(v).assign_add(d)
         if self._counter is not None:
             keras_shim.variable_handle(self._counter).assign_add(1)
 
-    def apply(self, q: int, grads_by_stage: Sequence[Sequence], deltas_by_stage: Sequence[Sequence]):
-        """w_local += u_q, then snapshot the version of minibatch q + N_m."""
-        if q != self.applied + 1:
-            raise RuntimeError(f"Updates must be applied in order: got {q} after {self.applied}.")
-        grads = [g for gs in grads_by_stage for g in gs]
-        deltas = [d for ds in deltas_by_stage for d in ds]
-        self._apply_fn(grads, deltas)
-        self.applied = q
-        if self._after_apply is not None:
-            self._after_apply(q)
-        version = self.snapshot()
+    def apply(self, q: int, grads: Sequence, deltas: Sequence) -> None:
+        """w_local += u_q on this stage, then the version of q + N_m (call on its thread)."""
         with self._lock:
-            self._versions[q + self._n_m] = version
+            if q != self.applied + 1:
+                raise RuntimeError(f"Updates must be applied in order: got {q} after "
+                                   f"{self.applied}.")
+            with tf.device(self.device):
+                self._apply_fn(list(grads), list(deltas))
+            self.applied = q
+            t, n = self.snapshot()
+            self._versions[q + self._n_m] = (q, t, n)
+
+    def state_after(self, q: int) -> tuple[tuple, tuple]:
+        with self._lock:
+            _, t, n = self._versions[q + self._n_m]
+            return t, n
+
+    def _add_impl(self, variables, deltas):
+        for v, d in zip(variables, deltas):
+            keras_shim.variable_handle(v).assign_add(d)
+
+    def rebase(self, q: int, trainable: Sequence, non_trainable: Sequence) -> None:
+        """Make w_local as of update q equal the given values, keeping later updates."""
+        with self._lock:
+            last, t_old, n_old = self._versions[q + self._n_m]
+            with tf.device(self.device):
+                new = [tf.identity(x) for x in (*trainable, *non_trainable)]
+                delta = [a - b for a, b in zip(new, (*t_old, *n_old))]
+                self._add_fn(self.variables, delta)
+                k = len(self.trainable)
+                for p, (u, t, n) in list(self._versions.items()):
+                    if p > q + self._n_m:   # versions after q already taken: move them too
+                        moved = [a + b for a, b in zip((*t, *n), delta)]
+                        self._versions[p] = (u, tuple(moved[:k]), tuple(moved[k:]))
+                self._versions[q + self._n_m] = (last, tuple(new[:k]), tuple(new[k:]))
+
+
+class WeightVersions:
+    """The stages' weights of one virtual worker and the record of which local updates
+    each minibatch's weights reflected (minibatch id -> last update id)."""
+
+    def __init__(self, stages: Sequence[StageWeights], history: int = 10_000):
+        self.stages = list(stages)
+        self.record: dict[int, int] = {}
+        self._history = history
+        self._cond = threading.Condition()
+
+    @property
+    def applied(self) -> int:
+        """The last update applied on every stage."""
+        return min(s.applied for s in self.stages)
+
+    def start_run(self, first: int) -> None:
+        applied = self.applied
+        for s in self.stages:
+            s.start_run(first, applied)
+
+    def take(self, p: int, j: int) -> tuple[tuple, tuple]:
+        """Stage j's version of minibatch p (recorded when stage 0 takes it)."""
+        last, t, n = self.stages[j].take(p)
+        if j == 0:
+            self.record[p] = last
+            while len(self.record) > self._history:
+                del self.record[next(iter(self.record))]
+        return t, n
+
+    def forget(self, p: int) -> None:
+        for s in self.stages:
+            s.forget(p)
+        self.record.pop(p, None)
+
+    def apply(self, j: int, q: int, grads: Sequence, deltas: Sequence) -> None:
+        self.stages[j].apply(q, grads, deltas)
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_applied(self, q: int, stop=lambda: False) -> bool:
+        """Block until every stage applied update q (False if `stop()` became true)."""
+        with self._cond:
+            while self.applied < q:
+                if stop():
+                    return False
+                self._cond.wait(0.05)
+            return True
+
+    # --- for the wave sync of several VWs ------------------------------------------------
+    def state_after(self, q: int) -> dict[int, tf.Tensor]:
+        """id(variable) -> its value right after update q, for every stage."""
+        out = {}
+        for s in self.stages:
+            t, n = s.state_after(q)
+            out.update(zip(map(id, s.variables), (*t, *n)))
+        return out
+
+    def rebase(self, q: int, values: dict[int, tf.Tensor]) -> None:
+        """w_local right after update q := values (id(variable) -> value); later local
+        updates are kept."""
+        for s in self.stages:
+            s.rebase(q, [values[id(v)] for v in s.trainable],
+                     [values[id(v)] for v in s.non_trainable])

@@ -48,11 +48,14 @@ class WaveSync:
       n_m: minibatches per wave.
       clock_distance: D.
       fresh_pulls: at every wave end also take a newer w_global without waiting.
+      weights: the VW's `pipeline.weights.WeightVersions` when its stages apply their own
+        updates (then a wave's state is read from the version snapshots and a pull rebases
+        them); None: w_local is read and assigned directly (nothing else applies meanwhile).
     """
 
     def __init__(self, worker: int, servers: ParameterServers, local: Sequence[tf.Variable],
                  n_m: int, clock_distance: int, fresh_pulls: bool = True,
-                 history: int = 10_000):
+                 history: int = 10_000, weights=None):
         if len(local) != len(servers.variables):
             raise ValueError(f"w_local needs one variable per parameter-server variable. "
                              f"Received: {len(local)} local, {len(servers.variables)} on the "
@@ -63,6 +66,7 @@ class WaveSync:
         self.local = list(local)
         self.n_m = n_m
         self.clock_distance = clock_distance
+        self._weights = weights
         if not isinstance(fresh_pulls, bool):
             raise ValueError(f"fresh_pulls must be a bool. Received: fresh_pulls="
                              f"{fresh_pulls!r}; pass True or False.")
@@ -77,17 +81,10 @@ class WaveSync:
         self._waves_pushed = 0
         self._vector = (0,) * servers.num_workers
         self._base: list = []
-        self._delta = tf.function(self._delta_impl, reduce_retracing=True)
+        self._q: int | None = None   # the update that ended the wave being synced
         self._assign = tf.function(self._assign_impl, reduce_retracing=True)
 
     # --- compiled helpers (each op on the variable's own device) -------------------------
-    def _delta_impl(self, base):
-        out = []
-        for v, b in zip(self.local, base):
-            with tf.device(v.device):
-                out.append(v.read_value() - b)
-        return out
-
     def _assign_impl(self, values):
         for v, x in zip(self.local, values):
             with tf.device(v.device):
@@ -123,6 +120,7 @@ class WaveSync:
         self._since_push += 1
         k = wsp.wave_completed_by(q - self._run_start + 1, self.n_m)
         if k is not None:
+            self._q = q
             c = self._run_first_wave + k
             self._push(c)
             r = wsp.wave_pulled_after_push(c, self.clock_distance)
@@ -130,13 +128,27 @@ class WaveSync:
                 self._pull(r)
             elif self.fresh_pulls:
                 self._fresh_pull()
+            self._q = None
         self.record[q + self.n_m] = self._vector
         while len(self.record) > self.history:
             del self.record[next(iter(self.record))]
 
+    def _state(self) -> list:
+        """w_local right after the update that ended the wave (stages may already have
+        applied later ones), or now at a run's end."""
+        if self._weights is None or self._q is None:
+            return read_values(self.local)
+        after = self._weights.state_after(self._q)
+        return [after[id(v)] for v in self.local]
+
     def _push(self, wave: int, final: bool = False) -> None:
-        self.servers.push(self.worker, wave, self._delta(self._base), final)
-        self._base = read_values(self.local)
+        state = self._state()
+        deltas = []
+        for v, now, base in zip(self.local, state, self._base):
+            with tf.device(v.device):
+                deltas.append(now - base)
+        self.servers.push(self.worker, wave, deltas, final)
+        self._base = state
         self._since_push = 0
         self._waves_pushed = wave + 1
         # w_local holds every update of this VW: all of its pushed waves.
@@ -157,6 +169,11 @@ class WaveSync:
 
     def _take(self, pulled: tuple[list, tuple[int, ...]]) -> None:
         values, vector = pulled
-        self._assign(values)
-        self._base = read_values(self.local)
+        if self._weights is None or self._q is None:
+            self._assign(values)
+            self._base = read_values(self.local)
+        else:   # keep the local updates after the wave that stages already applied
+            self._weights.rebase(self._q, {id(v): x for v, x in zip(self.local, values)})
+            after = self._weights.state_after(self._q)
+            self._base = [after[id(v)] for v in self.local]
         self._vector = vector

@@ -42,6 +42,7 @@ from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.pipeline.program import Program
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.stage import Stage
+from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
                                             check_plans)
@@ -233,6 +234,16 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         return self._fallback_device
 
     @contextlib.contextmanager
+    def place_on_host(self):
+        """Within this context, variables go to the host CPU (the model optimizer's slots:
+        the stages train with their own, so device memory holds one copy)."""
+        self._local_placement.host = True
+        try:
+            yield
+        finally:
+            self._local_placement.host = False
+
+    @contextlib.contextmanager
     def place_locally(self):
         """Within this context, variables keep the caller's device scope (w_global on the
         parameter servers, w_local on the stage devices)."""
@@ -246,6 +257,10 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if getattr(self._local_placement, "on", False):
             kwargs.pop("colocate_with", None)
             return next_creator(**kwargs)
+        if getattr(self._local_placement, "host", False):
+            kwargs.pop("colocate_with", None)
+            with tf.device(self._host):
+                return next_creator(**kwargs)
         compiling = _keras_shim.calling_model(sys._getframe(1))
         if compiling is not None:
             self.guard_model(compiling)
@@ -381,7 +396,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         program = Program.from_model(model)
         for p in self.plans:
             check_plan(p, program, model, batch_size)
-        training_state.check_optimizer(model.optimizer)
+        training_state.check_optimizer(model.optimizer,
+                                       max(p.num_stages for p in self.plans))
         with tf.init_scope():
             training_state.build_canonical(model)
         # The class's own method: an earlier build may have replaced the instance's.
@@ -397,9 +413,18 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             return original()
 
         if len(self.plans) == 1:
-            runtime = PipelineRuntime(Stage.for_plan(self.plans[0], program, model),
-                                      model.optimizer, self.n_m, update_metrics,
-                                      plan=self.plans[0])
+            stages = Stage.for_plan(self.plans[0], program, model)
+            states = training_state.OptimizerStates(model, strategy, 1)
+            with tf.init_scope():
+                own = [s.trainable for s in stages]
+                optimizers = states.for_virtual_worker(own, own)
+            weights = WeightVersions([
+                StageWeights(s.device, s.trainable, s.versioned_nt, o, self.n_m,
+                             counter=model.optimizer.iterations if s.index == 0 else None)
+                for s, o in zip(stages, optimizers)])
+            runtime = PipelineRuntime(stages, weights, self.n_m, update_metrics,
+                                      plan=self.plans[0], on_run_start=states.seed,
+                                      on_run_end=states.merge)
         else:
             from hetpipe_tf.strategy.virtual_workers import build_virtual_workers
             runtime = build_virtual_workers(

@@ -1,32 +1,36 @@
-"""The training state of several virtual workers as ONE value: the model and its optimizer.
+"""The training state of one or several virtual workers as ONE value: the model and its
+optimizer.
 
 Between runs (a run ends whenever the pipeline drains: every epoch end, before evaluate,
 predict and a checkpoint, after an abort) the Keras model and `model.optimizer` hold the
 whole state, exactly as for plain Keras, so `ModelCheckpoint`, `BackupAndRestore`,
 `model.save`, `keras.models.load_model` and `tf.train.Checkpoint` keep all of it and a
-checkpoint does not depend on the layout that wrote it. During a run each virtual worker
-(VW) trains its own copy:
+checkpoint does not depend on the layout that wrote it. During a run the stages hold it:
 
-- weights: w_global on the parameter servers, w_local per VW (docs/wsp.md);
-- optimizer: each VW applies its updates with its own optimizer (a clone of the model's,
-  built on its w_local), so its slots (momentum, Adam's moments) are its own, as each
-  worker's are under parameter-server training. The learning rate is the model
-  optimizer's variable itself, so callbacks (LearningRateScheduler, ReduceLROnPlateau) and
-  `model.optimizer.learning_rate = x` reach every VW at its next update; a
-  `LearningRateSchedule` is evaluated per VW at the VW's own update count (one VW: exactly
-  Keras). `model.optimizer.iterations` counts every update applied by any VW (one per
-  minibatch), live.
+- weights: with one virtual worker (VW) w_local IS the model's variables; with several,
+  w_global is on the parameter servers and each VW has w_local copies (docs/wsp.md);
+- optimizer: every stage of every VW applies its partition's updates with its own
+  optimizer (a clone of the model's built on that stage's w_local, on the stage's device;
+  as in HetPipe each GPU updates its own weights), so a VW's slots (momentum, Adam's
+  moments) are its own, as each worker's are under parameter-server training. The learning
+  rate is the model optimizer's variable itself, so callbacks (LearningRateScheduler,
+  ReduceLROnPlateau) and `model.optimizer.learning_rate = x` reach every stage at its next
+  update; a `LearningRateSchedule` is evaluated per stage at its own update count, which is
+  the VW's minibatch count (one VW: exactly Keras). `model.optimizer.iterations` counts
+  every minibatch applied by any VW, live.
 
-The rule at run boundaries (`merge` at a run's end, `seed` at the next run's start):
-several become one: the model optimizer's slots := the mean of the VWs' slots; one
-becomes several: every VW's slots := the model optimizer's slots and its iteration count
-:= model.optimizer.iterations // number of VWs (so Adam's bias correction continues
-where one worker of the cluster would be). With one VW no state is copied: its optimizer IS
-the model's and w_local IS the model's variables.
+The rule at run boundaries (`OptimizerStates.merge` at a run's end, `seed` at the next
+run's start): several become one: each model optimizer slot := the mean over the VWs of
+the stage slots standing for it; one becomes several: every stage slot := the model
+optimizer's and its step count := model.optimizer.iterations // number of VWs (so Adam's
+bias correction continues where one worker of the cluster would be). The model's
+optimizer is kept on the host (`build_canonical`), so the stage devices hold one copy of
+the slots, not two.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import keras
@@ -47,7 +51,7 @@ def _slots(optimizer) -> list:
             if id(_keras_shim.variable_handle(v)) not in skip]
 
 
-def check_optimizer(optimizer) -> None:
+def check_optimizer(optimizer, max_stages: int = 1) -> None:
     """Optimizers whose state the pipeline cannot carry are refused before training."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return  # refused with its own message by validation.check_model
@@ -57,68 +61,111 @@ def check_optimizer(optimizer) -> None:
             "minibatch's update is applied when it completes; a pipeline accumulates nothing "
             "across minibatches). Received: gradient_accumulation_steps="
             f"{optimizer.gradient_accumulation_steps}; remove it, or raise the batch size.")
+    if getattr(optimizer, "global_clipnorm", None) and max_stages > 1:
+        raise ValueError(
+            "global_clipnorm needs every gradient of a minibatch at once, but each pipeline "
+            "stage applies its own partition's update on its own device. Received: "
+            f"global_clipnorm={optimizer.global_clipnorm} with {max_stages} stages; use "
+            "clipnorm (per variable) or clipvalue, or one stage per virtual worker.")
 
 
 def build_canonical(model) -> None:
     """Build the model's optimizer on the model's trainable variables (in its strategy's
-    scope), so its slots exist before training and checkpoints hold them."""
+    scope, on the host when the strategy offers it), so its slots exist before training and
+    checkpoints hold them."""
     optimizer = model.optimizer
     if not optimizer.built:
-        with model.distribute_strategy.scope():
+        strategy = model.distribute_strategy
+        on_host = getattr(strategy.extended, "place_on_host", None)
+        with strategy.scope(), (on_host() if on_host else contextlib.nullcontext()):
             optimizer.build(model.trainable_variables)
 
 
-def clone_optimizer(model, variables: Sequence, strategy) -> keras.optimizers.Optimizer:
-    """A VW's optimizer: the model optimizer's config, built on `variables` (the VW's w_local
-    copies of `model.trainable_variables`, same order) in `strategy`'s scope, sharing the
-    model optimizer's learning rate."""
+def _clone(model, variables: Sequence, strategy):
+    """The model optimizer's config, built on `variables` in `strategy`'s scope, sharing the
+    model optimizer's learning rate (a Variable or a schedule)."""
     base = model.optimizer
     with strategy.scope():
         clone = keras.optimizers.deserialize(keras.optimizers.serialize(base))
         lr = _keras_shim.optimizer_learning_rate(base)
         if isinstance(lr, keras.Variable):
-            # One learning-rate variable for every VW: hyperparameter changes reach them all.
+            # One learning-rate variable for every stage: hyperparameter changes reach all.
             own = _keras_shim.optimizer_learning_rate(clone)
             _keras_shim.set_optimizer_learning_rate(clone, lr)
             object.__setattr__(clone, "_hetpipe_own_lr", own)
         elif isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
             _keras_shim.set_optimizer_learning_rate(clone, lr)
         clone.build(list(variables))
-    mine, theirs = _slots(clone), _slots(base)
-    if len(mine) != len(theirs) or any(tuple(a.shape) != tuple(b.shape)
-                                       for a, b in zip(mine, theirs)):
-        raise ValueError(
-            "The optimizer's state of a virtual worker does not line up with the model "
-            f"optimizer's. Received: optimizer {type(base).__name__} with {len(theirs)} slot "
-            f"variables on the model and {len(mine)} on a virtual worker; use an optimizer "
-            "whose state is one variable per model variable and a step counter.")
     return clone
 
 
-def merge(model, clones: Sequence) -> None:
-    """Several become one: the model optimizer's slots := the mean of the VWs' slots."""
-    if not clones:
-        return
-    per_vw = [_slots(c) for c in clones]
-    for k, target in enumerate(_slots(model.optimizer)):
-        t = _keras_shim.variable_handle(target)
-        with tf.device(t.device):
-            vals = [tf.identity(_keras_shim.variable_handle(s[k])) for s in per_vw]
-            # Run boundaries only (not per minibatch): eager ops are fine here.
-            t.assign(tf.add_n(vals) / len(vals) if t.dtype.is_floating else vals[0])
+class OptimizerStates:
+    """Every stage optimizer of every VW, and which slot of the model's optimizer each of
+    their slots stands for (by the slot's name, which Keras derives from the model
+    variable's path; a stage optimizer built on copies is matched through a reference
+    built on the model's own variables)."""
 
+    def __init__(self, model, strategy, num_virtual_workers: int):
+        self.model = model
+        self.strategy = strategy
+        self.num_virtual_workers = num_virtual_workers
+        self.optimizers: list = []
+        self.pairs: list[tuple] = []   # (stage optimizer's slot, model optimizer's slot)
+        self._canonical: dict[str, list] = {}
+        for v in _slots(model.optimizer):
+            self._canonical.setdefault(v.name, []).append(v)
 
-def seed(model, clones: Sequence) -> None:
-    """One becomes several: every VW's slots := the model optimizer's, its iteration count :=
-    model.optimizer.iterations // number of VWs."""
-    if not clones:
-        return
-    base = model.optimizer
-    sources = [tf.identity(_keras_shim.variable_handle(v)) for v in _slots(base)]
-    start = int(base.iterations.numpy()) // len(clones)
-    for c in clones:
-        for target, value in zip(_slots(c), sources):
+    def for_virtual_worker(self, local: Sequence[Sequence], own: Sequence[Sequence]) -> list:
+        """One optimizer per stage: built on the stage's w_local `local[j]`, which stands
+        for the model's trainable variables `own[j]` (the same list with one VW)."""
+        seen: dict[str, int] = {}
+        out = []
+        for variables, model_vars in zip(local, own):
+            clone = _clone(self.model, variables, self.strategy)
+            same = len(variables) == len(model_vars) and all(
+                a is b for a, b in zip(variables, model_vars))
+            reference = clone if same else _clone(self.model, model_vars, self.strategy)
+            mine = _slots(clone)
+            names = [v.name for v in _slots(reference)]
+            if len(names) != len(mine):
+                raise ValueError(
+                    "A stage's optimizer state does not line up with the model optimizer's. "
+                    f"Received: {type(clone).__name__} with {len(mine)} slot variables for "
+                    f"{len(model_vars)} variables; use an optimizer whose state is one set of "
+                    "variables per model variable and a step counter.")
+            for slot, name in zip(mine, names):
+                k = seen.get(name, 0)
+                seen[name] = k + 1
+                targets = self._canonical.get(name, [])
+                if k >= len(targets):
+                    raise ValueError(
+                        "A stage optimizer's slot has no counterpart in the model's optimizer. "
+                        f"Received: slot {name!r}; give the model's layers unique names.")
+                self.pairs.append((slot, targets[k]))
+            out.append(clone)
+        self.optimizers.extend(out)
+        return out
+
+    def merge(self) -> None:
+        """Several become one: each model optimizer slot := the mean of the stage slots that
+        stand for it (one per VW)."""
+        groups: dict[int, tuple] = {}
+        for slot, target in self.pairs:
+            groups.setdefault(id(target), (target, []))[1].append(slot)
+        for target, slots in groups.values():
             t = _keras_shim.variable_handle(target)
             with tf.device(t.device):
-                t.assign(value)
-        _keras_shim.variable_handle(c.iterations).assign(start)
+                vals = [tf.identity(_keras_shim.variable_handle(s)) for s in slots]
+                # Run boundaries only (not per minibatch): eager ops are fine here.
+                t.assign(tf.add_n(vals) / len(vals) if t.dtype.is_floating else vals[0])
+
+    def seed(self) -> None:
+        """One becomes several: every stage slot := the model optimizer's, every stage step
+        count := model.optimizer.iterations // number of VWs."""
+        for slot, target in self.pairs:
+            s = _keras_shim.variable_handle(slot)
+            with tf.device(s.device):
+                s.assign(tf.identity(_keras_shim.variable_handle(target)))
+        start = int(self.model.optimizer.iterations.numpy()) // self.num_virtual_workers
+        for o in self.optimizers:
+            _keras_shim.variable_handle(o.iterations).assign(start)

@@ -7,11 +7,11 @@
   float non-trainable), on the device of the PS that the placement gives its layer
   (`hetpipe_tf.ps.placement`: default round-robin or ED-local);
 - per VW: its stages (compiled for its devices), w_local = copies of the variables on the
-  device of the stage that uses them, its OWN optimizer (a clone of the model's, built here
-  in the strategy's scope: each VW's optimizer state, e.g. momentum or Adam's moments, is
-  local, as each worker's is under parameter-server training; the servers only add the
-  pushed updates; docs/state.md), a `WaveSync`, and a pipeline runtime whose updater thread
-  applies updates, counts them in `model.optimizer.iterations` and runs the WSP hook.
+  device of the stage that uses them, OWN optimizers (one per stage, clones of the model's
+  built here in the strategy's scope: each VW's optimizer state, e.g. momentum or Adam's
+  moments, is local, as each worker's is under parameter-server training; the servers only
+  add the pushed updates; docs/state.md), a `WaveSync`, and a pipeline runtime whose stages
+  apply their own updates and whose updater thread runs the WSP hook.
 
 The model's variables are not trained directly: the coordinator copies w_global into them
 at the end of every run, so Keras (metrics, callbacks, checkpoints, evaluate) sees the
@@ -37,6 +37,7 @@ from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.stage import Stage, _unique
+from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy import training_state
 
 def _layer_of_variables(program) -> dict[int, int]:
@@ -95,7 +96,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                                               for v in variables])
         index = {id(v): k for k, v in enumerate(variables)}
         metrics_lock = threading.Lock()
-        runtimes, syncs, optimizers = [], [], []
+        runtimes, syncs = [], []
+        states = training_state.OptimizerStates(model, strategy, len(plans))
         for w, stages in enumerate(per_vw_stages):
             local_flat: list = [None] * len(variables)
             local_by_stage = []
@@ -112,17 +114,18 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                             copies.append(c)
                         groups.append(copies)
                     local_by_stage.append(tuple(groups))
-            trainable_local = [local_flat[index[id(v)]] for v in model.trainable_variables]
-            optimizer = training_state.clone_optimizer(model, trainable_local, strategy)
-            optimizers.append(optimizer)
+            optimizers = states.for_virtual_worker([t for t, _ in local_by_stage],
+                                                   [s.trainable for s in stages])
+            weights = WeightVersions([
+                StageWeights(s.device, t, n, o, n_m,
+                             counter=model.optimizer.iterations if s.index == 0 else None)
+                for s, (t, n), o in zip(stages, local_by_stage, optimizers)])
             sync = WaveSync(w, servers, local_flat, n_m, clock_distance,
-                            fresh_pulls=fresh_pulls)
-            rt = PipelineRuntime(stages, optimizer, n_m, update_metrics, local=local_by_stage,
+                            fresh_pulls=fresh_pulls, weights=weights)
+            rt = PipelineRuntime(stages, weights, n_m, update_metrics,
                                  after_apply=sync.after_apply, update_thread=True,
-                                 metrics_lock=metrics_lock, vw=w,
-                                 counter=model.optimizer.iterations, plan=plans[w])
+                                 metrics_lock=metrics_lock, vw=w, plan=plans[w])
             runtimes.append(rt)
             syncs.append(sync)
-    return Coordinator(runtimes, syncs, servers, variables,
-                       on_run_start=lambda: training_state.seed(model, optimizers),
-                       on_run_end=lambda: training_state.merge(model, optimizers))
+    return Coordinator(runtimes, syncs, servers, variables, on_run_start=states.seed,
+                       on_run_end=states.merge)

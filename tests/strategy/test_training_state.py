@@ -187,19 +187,20 @@ def test_a_checkpoint_restores_under_every_layout(checkpoints, source, target):
 
 
 def test_several_vws_restart_from_the_merged_optimizer_state():
-    """One becomes several: seeded VW slots equal the model optimizer's (mean of the VWs')."""
+    """One becomes several: seeded stage slots equal the model optimizer's (mean of the VWs')."""
+    from hetpipe_tf.strategy import training_state
     x, y = regression_data(32, 6)
     strategy, model = _two_vws(n_m=1, d=0)
     with strategy:
         model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         coord = strategy.coordinator(model)
-        from hetpipe_tf.strategy import training_state
-        clones = [rt.versions._optimizer for rt in coord.runtimes]
+        clones = [rt.versions.stages[0].optimizer for rt in coord.runtimes]
         merged = [v.numpy() for v in training_state._slots(model.optimizer)]
         per_vw = [[v.numpy() for v in training_state._slots(c)] for c in clones]
+        assert len(per_vw[0]) == len(merged) > 0
         for k, m in enumerate(merged):
             np.testing.assert_allclose(m, (per_vw[0][k] + per_vw[1][k]) / 2, rtol=1e-6)
-        training_state.seed(model, clones)
+        coord._on_run_start()   # what the next run's start does
         for c in clones:
             for a, b in zip(training_state._slots(c), merged):
                 np.testing.assert_array_equal(a.numpy(), b)
@@ -330,3 +331,41 @@ def test_close_joins_every_thread():
     assert len(started) >= 2 * 3 + 2   # 2 VWs x (2 stages + updater) + 2 feeders
     strategy.close()
     assert not [t for t in started if t.is_alive()]
+
+
+@pytest.mark.parametrize("vws", [1, 2])
+def test_each_stage_applies_its_own_update_on_its_own_thread_and_device(vws):
+    x, y = regression_data(48, 13)
+    probe = skip_model(0)
+    plans = [even_plan(probe, DEVICES[2 * w:2 * w + 2], n_m=2) for w in range(vws)]
+    strategy = HetPipeStrategy(plan=plans if vws > 1 else plans[0], clock_distance=1)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+    model.fit(x[:16], y[:16], batch_size=BATCH, epochs=1, verbose=0)   # builds the runtime
+    seen = {}
+    for w in range(vws):
+        for j, sw in enumerate(strategy.pipeline(model, w).versions.stages):
+            original = sw.apply
+
+            def apply(q, grads, deltas, _orig=original, _key=(w, j)):
+                seen.setdefault(_key, set()).add(threading.current_thread().name)
+                return _orig(q, grads, deltas)
+
+            sw.apply = apply
+    with strategy:
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+        for w in range(vws):
+            rt = strategy.pipeline(model, w)
+            for j, (stage, sw) in enumerate(zip(rt.stages, rt.versions.stages)):
+                assert seen[(w, j)] == {f"hetpipe-vw{w}-stage-{j}"}
+                slots = [v for v in sw.optimizer.variables
+                         if v is not sw.optimizer.iterations and "learning_rate" not in v.name]
+                assert slots and {_short(s.value.device) for s in slots} == {_short(stage.device)}
+            # Every stage of a VW counted the same minibatches.
+            assert len({int(sw.optimizer.iterations.numpy()) for sw in rt.versions.stages}) == 1
+    assert int(model.optimizer.iterations.numpy()) == 8   # 16/8 + 48/8 minibatches in all
+
+
+def _short(device: str) -> str:
+    return device.rsplit("device:", 1)[-1]

@@ -141,12 +141,14 @@ def main(argv: list[str]) -> int:
     warm = next(r for r in readings if r[0] >= _WARMUP.value)
     middle = min(readings, key=lambda r: abs(r[0] - (warm[0] + n) / 2))
     end = readings[-1]
-    # The runtime's per-minibatch records are windows of DEFAULT_HISTORY minibatches: they
-    # stop growing once that many are done, so growth after that point is what is left.
-    full = next((r for r in readings if r[0] >= max(DEFAULT_HISTORY, warm[0])), None)
+    # Each VW's per-minibatch records are windows of DEFAULT_HISTORY of ITS minibatches
+    # (a VW runs 1/vws of them): they stop growing after vws * DEFAULT_HISTORY minibatches,
+    # so growth after that point is what is left.
+    filled = vws * DEFAULT_HISTORY
+    full = next((r for r in readings if r[0] >= max(filled, warm[0])), None)
     points = [("warm-up", warm), ("middle", middle)]
     if full is not None and full[0] < end[0] and full != middle:
-        points.append((f"windows full ({DEFAULT_HISTORY:,})", full))
+        points.append((f"windows full ({filled:,})", full))
     points.append(("end", end))
     print(f"{'point':<24} {'minibatches':>11} {'RSS_MiB':>9}")
     for label, (done, kib) in sorted(points, key=lambda p: p[1][0]):

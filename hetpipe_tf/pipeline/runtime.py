@@ -123,7 +123,9 @@ class PipelineRuntime:
         self.run_starts = Window(history)
         self._run_open = False
         self._run = 0
-        self._busy = 0          # tasks and updates being worked on right now
+        # Tasks and updates queued or being worked on (counted from `_put` to their end, so an
+        # abort never misses one a thread has just taken off its queue).
+        self._outstanding = 0
         self._closed = False
         self._error: BaseException | None = None
         self.logs: dict | None = None
@@ -166,7 +168,7 @@ class PipelineRuntime:
             self.submitted += 1
             mb = Minibatch(self.submitted, inputs, y, sample_weight, run=self._run)
         kind = TaskKind.FORWARD_BACKWARD if len(self.stages) == 1 else TaskKind.FORWARD
-        self._queues[0].put((kind, mb, None))
+        self._put(self._queues[0], (kind, mb, None))
 
     def wait_for_room(self) -> None:
         """Block until a minibatch can be submitted without waiting (fewer than N_m in
@@ -212,8 +214,7 @@ class PipelineRuntime:
             self._run += 1
             self._cond.notify_all()
             # Queued tasks of the old run are skipped; wait for those being worked on.
-            while self._busy or any(not q.empty() for q in self._queues) or (
-                    self._updates is not None and not self._updates.empty()):
+            while self._outstanding:
                 self._cond.wait(0.05)
             self.dropped += self.submitted - self.completed
             for p in range(self.completed + 1, self.submitted + 1):
@@ -265,20 +266,27 @@ class PipelineRuntime:
             if item is _STOP:
                 return
             kind, mb, payload = item
-            with self._cond:
-                if kind != _APPLY and (self._error is not None or mb.run != self._run):
-                    continue  # failed or aborted before commit: drop
-                self._busy += 1
             t0 = time.perf_counter()
             try:
-                self._run_task(j, stage, kind, mb, payload, t0)
+                with self._cond:
+                    drop = kind != _APPLY and (self._error is not None or mb.run != self._run)
+                if not drop:   # else failed or aborted before commit: dropped
+                    self._run_task(j, stage, kind, mb, payload, t0)
             except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
                 what = "the update" if kind == _APPLY else kind.value
                 self._fail(e, f"stage {j} on {stage.device} ({what} of minibatch {mb.id})")
             finally:
-                with self._cond:
-                    self._busy -= 1
-                    self._cond.notify_all()
+                self._done()
+
+    def _put(self, q: queue.Queue, item) -> None:
+        with self._cond:
+            self._outstanding += 1
+        q.put(item)
+
+    def _done(self) -> None:
+        with self._cond:
+            self._outstanding -= 1
+            self._cond.notify_all()
 
     def _record(self, j: int, kind: TaskKind, p: int, t0: float) -> None:
         if self.trace_enabled:
@@ -297,7 +305,7 @@ class PipelineRuntime:
             mb.extra_loss = extra if j == 0 else mb.extra_loss + extra
             self._record(j, kind, mb.id, t0)
             nxt = TaskKind.FORWARD_BACKWARD if j + 1 == len(self.stages) - 1 else TaskKind.FORWARD
-            self._queues[j + 1].put((nxt, mb, outputs))
+            self._put(self._queues[j + 1], (nxt, mb, outputs))
         elif kind is TaskKind.FORWARD_BACKWARD:
             inputs = mb.inputs if j == 0 else payload
             tvals, nvals = self.versions.take(mb.id, j)
@@ -315,7 +323,7 @@ class PipelineRuntime:
             if j == 0:
                 self._commit(mb)
             else:
-                self._queues[j - 1].put((TaskKind.BACKWARD, mb, in_grads))
+                self._put(self._queues[j - 1], (TaskKind.BACKWARD, mb, in_grads))
         else:
             wg, in_grads = stage.backward(mb.saved.pop(j), payload)
             mb.grads[j] = wg
@@ -323,16 +331,14 @@ class PipelineRuntime:
             if j == 0:
                 self._commit(mb)
             else:
-                self._queues[j - 1].put((TaskKind.BACKWARD, mb, in_grads))
+                self._put(self._queues[j - 1], (TaskKind.BACKWARD, mb, in_grads))
 
     def _updater(self) -> None:
         while True:
             mb = self._updates.get()
             if mb is _STOP:
                 return
-            with self._cond:   # committed minibatches are never dropped
-                self._busy += 1
-            try:
+            try:   # committed minibatches are never dropped
                 self.versions.wait_applied(mb.id, stop=lambda: self._error is not None)
                 if self._error is None and self._after_apply is not None:
                     self._after_apply(mb.id)
@@ -340,9 +346,7 @@ class PipelineRuntime:
                 self._fail(e, f"the wave sync after minibatch {mb.id}")
             finally:
                 self._completed(mb)
-                with self._cond:
-                    self._busy -= 1
-                    self._cond.notify_all()
+                self._done()
 
     def _commit(self, mb: Minibatch) -> None:
         """Stage 0 finished p's backward: p is applied on every stage (or, if an abort came
@@ -351,14 +355,14 @@ class PipelineRuntime:
             if mb.run != self._run:
                 return  # aborted before its commit: dropped
             for j in range(1, len(self.stages)):   # FIFO before the stage's later forwards
-                self._queues[j].put((_APPLY, mb, None))
+                self._put(self._queues[j], (_APPLY, mb, None))
         t0 = time.perf_counter()
         self.versions.apply(0, mb.id, mb.grads.pop(0), mb.deltas.pop(0))
         # Seconds of stage 0's own update (optimizer + its next snapshot): work outside every
         # task span on stage 0's thread.
         self.update_s.append(time.perf_counter() - t0)
         if self._updates is not None:
-            self._updates.put(mb)
+            self._put(self._updates, mb)
         else:
             self._completed(mb)
 

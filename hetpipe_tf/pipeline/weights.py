@@ -144,7 +144,10 @@ class WeightVersions:
         return min(s.applied for s in self.stages)
 
     def start_run(self, first: int) -> None:
-        applied = self.applied
+        done = {s.applied for s in self.stages}
+        if len(done) != 1:   # a run starts only when every stage applied everything
+            raise RuntimeError(f"Stages disagree on the updates applied: {sorted(done)}.")
+        applied = done.pop()
         for s in self.stages:
             s.start_run(first, applied)
 

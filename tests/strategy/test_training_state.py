@@ -369,3 +369,18 @@ def test_each_stage_applies_its_own_update_on_its_own_thread_and_device(vws):
 
 def _short(device: str) -> str:
     return device.rsplit("device:", 1)[-1]
+
+
+def test_a_later_fit_with_another_batch_size_is_refused_before_training():
+    x, y = regression_data(64, 14)
+    strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=2))
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    with strategy:
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+        before = model.get_weights()
+        with pytest.raises(ValueError, match=r"batch size.*Received: batch size .*built for 8"):
+            model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        assert_weights_close(model.get_weights(), before, atol=0)
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)   # the right size still trains

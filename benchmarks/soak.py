@@ -8,8 +8,9 @@ minibatches as epochs of --chunk steps (every epoch end drains the pipeline: a r
 boundary) and reads the process' resident set size (VmRSS of /proc/self/status) after
 every epoch. Prints the setting, the RSS after warm-up (the first epoch end at or after
 --warmup minibatches: TensorFlow's traces and allocator pools are made by then), in the
-middle and at the end, the growth per 1,000 minibatches between warm-up and the end, and
-how many parameter-server pushes were recorded and kept (2 VWs).
+middle, when the runtime's record windows are full (virtual_workers x 10,000 minibatches,
+if reached) and at the end, the growth per 1,000 minibatches between these points, every
+epoch end's reading, and how many parameter-server pushes were recorded and kept (2 VWs).
 One run on whatever machine runs it (a shared 2-core VM for the figures in
 docs/observe.md): RSS moves with the allocator, so read small differences as noise.
 """

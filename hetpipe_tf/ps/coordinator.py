@@ -78,6 +78,7 @@ class Coordinator:
         self._error: BaseException | None = None
         self._lock = threading.Condition()
         self._aborting = False
+        self._generation = 0    # an abort starts a new one: batches of older ones are dropped
         self._feeding = 0       # feeders handing a batch to their VW right now
         self._closed = False
         self._feeders = [threading.Thread(target=self._feed, args=(w,), daemon=True,
@@ -112,7 +113,7 @@ class Coordinator:
             self._start_run()
             if self._on_run_start is not None:
                 self._on_run_start()
-        self._queue.put((self._steps, inputs, y, sample_weight))
+        self._queue.put((self._generation, self._steps, inputs, y, sample_weight))
         self._steps += 1
 
     def drain(self) -> None:
@@ -142,6 +143,7 @@ class Coordinator:
         run (module docstring). Clears a failure: the next `submit` starts afresh."""
         with self._lock:
             self._aborting = True
+            self._generation += 1
         try:
             while True:  # queued batches: never handed to a VW
                 try:
@@ -209,12 +211,13 @@ class Coordinator:
                 self._queue.task_done()
                 return
             with self._lock:
-                take = self._error is None and not self._aborting
+                take = (self._error is None and not self._aborting
+                        and item[0] == self._generation)
                 if take:
                     self._feeding += 1
             try:
                 if take:
-                    step, inputs, y, sw = item
+                    _, step, inputs, y, sw = item
                     self.assignment[w].append(step)
                     rt.submit(inputs, y, sw)
             except BaseException as e:  # noqa: BLE001 - re-raised by submit/drain

@@ -355,6 +355,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 # trainable flags. The old runtime is drained, so the model holds its state.
                 with tf.init_scope():
                     t.executor.close()
+                self._runtime_threads -= t.executor.thread_ids   # idents may be reused
                 del self.pipelines[id(model)]
                 t = None
             if t is not None:

@@ -171,3 +171,16 @@ def optimizer_strategy(optimizer: Any) -> Any:
     # Reason: Keras keeps it privately; an optimizer made outside our scope must be refused
     # before Keras builds its slots (TensorFlow's own error there names no fix).
     return getattr(optimizer, "_distribution_strategy", None)
+
+
+def building_optimizer(frame: Any) -> Any:
+    """The Keras optimizer whose slot variables are being created in `frame` or above."""
+    # Reason: the model's own optimizer keeps its slots on the host (the stages train with
+    # optimizers of their own); Keras builds it at fit's symbolic build, not when we ask.
+    while frame is not None:
+        if frame.f_code.co_name == "add_variable_from_reference":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, keras.optimizers.Optimizer):
+                return owner
+        frame = frame.f_back
+    return None

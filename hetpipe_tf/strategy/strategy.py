@@ -31,6 +31,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Callable
 
 import keras
@@ -215,6 +216,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         self._lock = threading.RLock()
         self._runtime_threads: set[int] = set()
         self._local_placement = threading.local()
+        self._guarded = weakref.WeakSet()   # models whose fit etc. this strategy guards
 
     # --- variables ----------------------------------------------------------------------
     @property
@@ -265,11 +267,21 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if compiling is not None:
             self.guard_model(compiling)
         colocate_with = kwargs.pop("colocate_with", None)
+        if colocate_with is not None and self._builds_a_model_optimizer(sys._getframe(1)):
+            # The model's own optimizer is the between-runs state (docs/state.md): the
+            # stages train with clones of it, so its slots stay on the host.
+            with tf.device(self._host):
+                return next_creator(**kwargs)
         if colocate_with is not None:  # optimizer slots follow their variable
             with tf.device(colocate_with.device):
                 return next_creator(**kwargs)
         with tf.device(self._device_for_scope(tf.get_current_name_scope())):
             return next_creator(**kwargs)
+
+    def _builds_a_model_optimizer(self, frame) -> bool:
+        optimizer = _keras_shim.building_optimizer(frame)
+        return optimizer is not None and any(
+            getattr(m, "optimizer", None) is optimizer for m in list(self._guarded))
 
     def _validate_colocate_with_variable(self, colocate_with_variable):
         del colocate_with_variable
@@ -495,6 +507,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         object.__setattr__(model, "load_weights",
                            functools.wraps(model.load_weights)(load_weights))
         object.__setattr__(model, "_hetpipe_guarded", True)
+        self._guarded.add(model)
 
     def abort(self, model) -> BaseException | None:
         """Stop `model`'s executor after a failed call (module docstring); returns the error

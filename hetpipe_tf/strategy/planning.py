@@ -58,7 +58,9 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
 def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_vws,
                          n_m: int | None, max_m: int | None) -> tuple:
     """Form virtual workers by `allocation` (hetpipe_tf.cluster.allocation) and plan each
-    with one N_m = min over VWs of Max_m (or `n_m`), profiling the model once."""
+    with one N_m, profiling the model once: `n_m` if given, else the single-VW default
+    min(Max_m, k) taken over the VWs (k = devices of a VW: k minibatches in flight keep a
+    k-stage pipeline busy; more only adds staleness and memory)."""
     from hetpipe_tf.cluster.allocation import allocate
     from hetpipe_tf.partitioner.milp import plan_virtual_workers as plan_all
     from hetpipe_tf.partitioner.planner import plan_model
@@ -69,6 +71,9 @@ def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_v
                        optimizer=model.optimizer)
     plans = plan_all(first.profile, vws, cluster=cl, n_m=n_m,
                      optimizer_slots=first.plan.optimizer_slots)
+    if n_m is None and plans[0].n_m > min(len(vw) for vw in vws):
+        plans = plan_all(first.profile, vws, cluster=cl, n_m=min(len(vw) for vw in vws),
+                         optimizer_slots=first.plan.optimizer_slots)
     if max_m is not None and plans[0].n_m > max_m:
         plans = plan_all(first.profile, vws, cluster=cl, n_m=max_m,
                          optimizer_slots=first.plan.optimizer_slots)

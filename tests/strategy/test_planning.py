@@ -27,3 +27,23 @@ def test_tf_config_and_bad_values(monkeypatch):
     assert [d.name for d in resolve_cluster(None).devices] == ["worker0/cpu0"]
     with pytest.raises(ValueError, match="Received: cluster=42"):
         resolve_cluster(42)
+
+
+def test_allocation_plans_use_the_default_n_m_of_one_virtual_worker():
+    """N_m = min(Max_m, k) as for one VW (docs/partitioner.md), not Max_m: with memory to
+    spare Max_m is the search limit (32), far beyond what keeps 2 stages busy."""
+    import keras
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.strategy import HetPipeStrategy
+    from tests.strategy.helpers import regression_data, skip_model
+    strategy = HetPipeStrategy(Cluster.local(["LOCAL_CPU"] * 4, hosts=2), allocation="ED",
+                               clock_distance=1)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    x, y = regression_data(32, 0)
+    with strategy:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        assert strategy.num_virtual_workers == 2
+        assert [p.num_stages for p in strategy.plans] == [2, 2]
+        assert strategy.n_m == 2 and {p.n_m for p in strategy.plans} == {2}

@@ -384,3 +384,62 @@ def test_a_later_fit_with_another_batch_size_is_refused_before_training():
             model.fit(x, y, batch_size=16, epochs=1, verbose=0)
         assert_weights_close(model.get_weights(), before, atol=0)
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)   # the right size still trains
+
+
+def test_adam_under_wsp_equals_the_reference_rebuilt_from_records():
+    """2 VWs x 2 stages, N_m = 2, D = 1, Adam: every minibatch's weights are rebuilt from the
+    records (w_0 + the other VW's waves it saw + its own updates 1..p-N_m), its update is
+    one step of that VW's own Adam (state in minibatch order) on plain Keras, and w_global
+    must equal w_0 + every update. Exercises the stages' own updates and the pull's rebase
+    of updates a stage applied before its VW's wave hook ran."""
+    n_m, d, lr = 2, 1, 0.01
+    x, y = regression_data(96, 15)
+    strategy, model = _two_vws(n_m=n_m, d=d, stages=2, make=lambda: keras.optimizers.Adam(lr))
+    w0 = model.get_weights()
+    batches = _batches(x, y)
+    with strategy:
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        coord = strategy.coordinator(model)
+        assignment = [list(a) for a in coord.assignment]
+        local = [dict(strategy.pipeline(model, v).record) for v in range(2)]
+        vectors = [dict(coord.syncs[v].record) for v in range(2)]
+    probe, copies = skip_model(0), [skip_model(0) for _ in range(2)]
+    opts = [keras.optimizers.Adam(lr) for _ in range(2)]
+    for c, o in zip(copies, opts):
+        o.build(c.trainable_variables)
+    loss_fn = keras.losses.MeanSquaredError()
+    updates, done = {}, [0, 0]
+
+    def wave_sum(u, w):
+        total = [np.zeros_like(a) for a in w0]
+        for k in range(w * n_m + 1, min((w + 1) * n_m, len(assignment[u])) + 1):
+            total = [a + b for a, b in zip(total, update(u, k))]
+        return total
+
+    def update(v, p):
+        while done[v] < p:   # each VW's Adam state advances in its own minibatch order
+            q = done[v] + 1
+            w = [a.copy() for a in w0]
+            for other, waves in enumerate(vectors[v][q]):
+                if other != v:
+                    for wave in range(waves):
+                        w = [a + b for a, b in zip(w, wave_sum(other, wave))]
+            for k in local[v][q]:
+                w = [a + b for a, b in zip(w, update(v, k))]
+            xb, yb = batches[assignment[v][q - 1]]
+            probe.set_weights(w)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, probe(xb, training=True))
+            grads = tape.gradient(loss, probe.trainable_variables)
+            copies[v].set_weights(w)
+            opts[v].apply_gradients(zip(grads, copies[v].trainable_variables))
+            updates[(v, q)] = [a - b for a, b in zip(copies[v].get_weights(), w)]
+            done[v] = q
+        return updates[(v, p)]
+
+    final = [a.copy() for a in w0]
+    for v in range(2):
+        for p in range(1, len(assignment[v]) + 1):
+            final = [a + b for a, b in zip(final, update(v, p))]
+    assert sum(len(a) for a in assignment) == len(batches)
+    assert_weights_close(model.get_weights(), final, atol=2e-5)

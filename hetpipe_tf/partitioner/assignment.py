@@ -57,7 +57,6 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
     rep = [members[0] for members in classes]
     t_scale = max(float(cm.prefix_time(rep[0])[-1]), 1e-12)
     caps = np.array([cm.capacity[d.name] for d in rep], dtype=np.float64)
-    cap_scale = float(caps.max())
     worst_compute = max(float(cm.prefix_time(d)[-1]) for d in rep) / t_scale
     # Transfer times between classes; within a class, between two of its devices.
     recv = {(e, g): cm.cut_seconds(classes[e][-1] if e == g else rep[e], rep[g]) / t_scale
@@ -71,8 +70,8 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
             cols = np.concatenate([cols, _m._cut_vars(j - 1, n)])
             vals = np.concatenate([vals, held * cm.cut_bytes])
         a_cols = np.array([av(j, g) for g in range(g_count)])
-        b.add(np.concatenate([cols, a_cols]), np.concatenate([vals, -caps]) / cap_scale,
-              -np.inf, -const / cap_scale)
+        # Integer bytes, unscaled: the solver's tolerance stays far below a byte (see milp).
+        b.add(np.concatenate([cols, a_cols]), np.concatenate([vals, -caps]), -np.inf, -const)
         for g, dev in enumerate(rep):
             cols, vals, const = _m._stage_terms(cm, devices, j, cm.prefix_time(dev))
             b.add(np.concatenate([cols, [rin0 + j, rout0 + j, t_var, av(j, g)]]),
@@ -103,17 +102,28 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
     if windows is None:
         return None
     _m._fix_outside_windows(upper, windows, n)
-    solution = _m._run_milp(c, b, integrality, Bounds(np.zeros(nv), upper), opts)
-    if solution is None:
-        return None
-    x = np.round(solution)
-    cuts = [int(np.argmax(x[_m._cut_vars(j, n)])) for j in range(k - 1)]
-    taken = [0] * g_count
-    order = []
-    for j in range(k):
-        g = int(np.argmax([x[av(j, g)] for g in range(g_count)]))
-        order.append(classes[g][taken[g]])
-        taken[g] += 1
+    bounds = Bounds(np.zeros(nv), upper)
+    while True:
+        solution = _m._run_milp(c, b, integrality, bounds, opts)
+        if solution is None:
+            return None
+        x = np.round(solution)
+        cuts = [int(np.argmax(x[_m._cut_vars(j, n)])) for j in range(k - 1)]
+        chosen = [int(np.argmax([x[av(j, g)] for g in range(g_count)])) for j in range(k)]
+        taken = [0] * g_count
+        order = []
+        for g in chosen:
+            order.append(classes[g][taken[g]])
+            taken[g] += 1
+        # Exact re-check (integer bytes, no tolerance) of what the solver's tolerance may let
+        # through; an overflowing stage is forbidden on its class and on every class with no
+        # more memory (its bytes do not depend on the class), and the MILP solved again.
+        over = _m.overflowing_stages(cm, cuts, order)
+        if not over:
+            break
+        for j, first, last in over:
+            smaller = np.array([av(j, g) for g in range(g_count) if caps[g] <= caps[chosen[j]]])
+            _m._no_good_row(b, j, k, n, first, last, extra=smaller)
     # Report the exact cost of the chosen layout, not the big-M relaxation's T.
     value = max(c.time_s for c in cm.evaluate(cuts, order))
     return value, cuts, order

@@ -36,11 +36,19 @@ from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
 from hetpipe_tf.partitioner.plan import PartitionError, Plan, StagePlan
 
 
-_HIGHS_LIMIT = 1  # scipy.optimize.milp status: iteration or time limit reached
+# scipy.optimize.milp statuses: 0 optimal, 1 iteration or time limit reached,
+# 2 infeasible, 3 unbounded, 4 other (HiGHS "solve error", numerical trouble).
+_HIGHS_LIMIT = 1
+_HIGHS_INFEASIBLE = 2
 
 
 class TimeLimitReached(Exception):
     """A MILP call ran out of its time budget before finding any layout."""
+
+
+class SolverError(PartitionError):
+    """HiGHS failed (status 3 or 4) under every retried setting: the search could not tell
+    whether a layout fits, which is not the same as none fitting."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +59,10 @@ class SolverOptions:
     time_limit_s: float | None = None  # budget of one search over all orders; None = optimal
     mip_rel_gap: float = 1e-6
     usable_fraction: float = 0.9       # share of device memory a stage may use
+    # HiGHS' presolve returned wrong "optimal" layouts at the memory knife edge (checked
+    # against an exhaustive search), so it is off by default; on it is 2-3x faster on large
+    # models and layouts still fit (re-checked), but may not be optimal.
+    presolve: bool = False
 
 
 def device_classes(devices: Sequence[Any]) -> list[list[Any]]:
@@ -252,16 +264,58 @@ def _fix_outside_windows(upper: np.ndarray, windows: tuple[np.ndarray, np.ndarra
 
 def _run_milp(c: np.ndarray, rows: _Builder, integrality: np.ndarray, bounds: Bounds,
               opts: SolverOptions) -> np.ndarray | None:
-    """scipy.optimize.milp with the options' gap and budget; None when infeasible, and
-    TimeLimitReached when the budget ran out before any solution."""
-    options: dict[str, Any] = {"mip_rel_gap": opts.mip_rel_gap}
-    if opts.time_limit_s is not None:
-        options["time_limit"] = opts.time_limit_s
-    res = milp(c, constraints=rows.constraint(), integrality=integrality, bounds=bounds,
-               options=options)
-    if res.x is None and res.status == _HIGHS_LIMIT:
-        raise TimeLimitReached()
-    return res.x
+    """scipy.optimize.milp with the options' gap and budget; None only when HiGHS proved the
+    model infeasible, TimeLimitReached when the budget ran out before any solution, and
+    SolverError when both presolve settings ended in a solver error."""
+    constraint = rows.constraint()
+    failures = []
+    # On a solver error (status 3 or 4), retry once with presolve switched: the numerical
+    # trouble seen on these models starts or ends there.
+    for presolve in (opts.presolve, not opts.presolve):
+        options: dict[str, Any] = {"mip_rel_gap": opts.mip_rel_gap, "presolve": presolve}
+        if opts.time_limit_s is not None:
+            options["time_limit"] = opts.time_limit_s
+        res = milp(c, constraints=constraint, integrality=integrality, bounds=bounds,
+                   options=options)
+        if res.status == 0 or (res.status == _HIGHS_LIMIT and res.x is not None):
+            return res.x
+        if res.status == _HIGHS_LIMIT:
+            raise TimeLimitReached()
+        if res.status == _HIGHS_INFEASIBLE:
+            return None
+        failures.append(f"presolve={presolve}: status {res.status} ({res.message})")
+    raise SolverError(
+        "The MILP solver (HiGHS) failed on this partitioning model under every setting "
+        "tried, so whether a layout fits is unknown (this is not an infeasibility). "
+        f"Received: {'; '.join(failures)}; retry with another mip_rel_gap or "
+        "max_enumerated_orders, or report the model.")
+
+
+def _no_good_row(b: _Builder, j: int, k: int, n: int, first: int, last: int,
+                 extra: np.ndarray = np.zeros(0, int)) -> None:
+    """Forbid stage j from starting at `first` and ending at `last` or later: with the same
+    start a later end only adds layers, and every layer's memory is nonnegative (the received
+    bytes depend only on the start), so all those stages overflow too. With `extra` (binaries
+    of which at most one is 1, e.g. the stage's device-class choices) only together with one
+    of them. Each group - the start, the set of ends, `extra` - has at most one variable at
+    1, so "not all groups at once" is: their sum <= groups - 1."""
+    cols = [np.asarray(extra, dtype=int)]
+    if j > 0:
+        cols.append(np.array([(j - 1) * n + first - 1]))
+    if j < k - 1:
+        cols.append(_cut_vars(j, n)[last:])
+    cols = np.concatenate(cols)
+    groups = (len(extra) > 0) + (j > 0) + (j < k - 1)
+    b.add(cols, np.ones(len(cols)), -np.inf, groups - 1)
+
+
+def overflowing_stages(cm: CostModel, cuts: Sequence[int], order: Sequence[Any]
+                       ) -> list[tuple[int, int, int]]:
+    """(position, first, last) of every stage whose memory exceeds its device's usable
+    memory, in integer bytes with no tolerance (the exact re-check of a MILP layout)."""
+    bounds = [-1, *cuts, cm.num_layers - 1]
+    return [(j, bounds[j] + 1, bounds[j + 1])
+            for j, cost in enumerate(cm.evaluate(cuts, order)) if not cost.fits]
 
 
 def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: SolverOptions,
@@ -277,7 +331,7 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
     t_var = nb
     b = _Builder(nb + 1)
     _add_partition_rows(b, k, n)
-    # Scale time and memory rows to O(1) so HiGHS' tolerances mean the same everywhere.
+    # Time rows are scaled to O(1); memory rows stay in bytes (see below).
     t_scale = max(float(cm.prefix_time(order[0])[-1]), 1e-12)
     for j, device in enumerate(order):
         held = held_minibatches(j, k, cm.n_m)
@@ -291,7 +345,10 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
             b.add(np.append(cols, t_var), np.append(vals / 2**30, -1.0), -np.inf,
                   (cap - const) / 2**30)
         else:
-            b.add(cols, vals / cap, -np.inf, (cap - const) / cap)
+            # In integer bytes, unscaled: HiGHS' absolute feasibility tolerance (~1e-6) is
+            # then far below a byte, where rows scaled by the capacity let layouts a few
+            # bytes over through and misled presolve at the knife edge (wrong "optimal").
+            b.add(cols, vals, -np.inf, cap - const)
         if objective == "time":
             cols, vals, const = _stage_terms(cm, order, j, cm.prefix_time(device))
             if j > 0:
@@ -313,12 +370,25 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
             return None
         _fix_outside_windows(b_upper, windows, n)
     bounds = Bounds(np.r_[np.zeros(nb), t_lower], np.r_[b_upper, t_upper])
-    solution = _run_milp(c, b, np.r_[np.ones(nb), 0], bounds, opts)
-    if solution is None:
-        return None
-    x = np.round(solution[:nb]).reshape(k - 1, n) if nb else np.zeros((0, n))
-    cuts = [int(np.argmax(row)) for row in x]
-    value = float(solution[t_var]) * (t_scale if objective == "time" else 1.0)
+    while True:
+        solution = _run_milp(c, b, np.r_[np.ones(nb), 0], bounds, opts)
+        if solution is None:
+            return None
+        x = np.round(solution[:nb]).reshape(k - 1, n) if nb else np.zeros((0, n))
+        cuts = [int(np.argmax(row)) for row in x]
+        if objective == "overflow":
+            return float(solution[t_var]), cuts
+        # HiGHS' feasibility tolerance could let a layout overflow by a few bytes (it did
+        # with rows scaled by the capacity). Re-check exactly; forbid each overflowing stage
+        # (and every longer one with its start) and solve again. Each round removes the
+        # returned layout and no fitting one, so the loop ends at the exact optimum.
+        over = overflowing_stages(cm, cuts, order)
+        if not over:
+            break
+        for j, first, last in over:
+            _no_good_row(b, j, k, n, first, last)
+    # The exact cost of the layout, not the solver's T (which carries its tolerances).
+    value = max(cost.time_s for cost in cm.evaluate(cuts, order)) if objective == "time" else 0.0
     return value, cuts
 
 
@@ -373,6 +443,12 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
             # No MILP layout in time: the greedy layout that bounded the search stands.
             found = assignment.heuristic_layout(cm, devices)
             solver += " (time limit reached, greedy layout)"
+        except SolverError:
+            # Not an infeasibility: a fitting greedy layout stands, marked; else re-raise.
+            found = assignment.heuristic_layout(cm, devices)
+            if found is None:
+                raise
+            solver += " (solver error, greedy layout)"
         if found is None:
             return None, n_orders, solver
         value, cuts, order = found
@@ -391,6 +467,7 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
     deadline = (time.perf_counter() + opts.time_limit_s if opts.time_limit_s is not None
                 else None)
     solver = "milp per order"
+    errors: list[SolverError] = []
     for order in orders:
         if deadline is not None:
             remaining = deadline - time.perf_counter()
@@ -405,6 +482,10 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
         except TimeLimitReached:
             solver += " (time limit reached, best layout found)"
             break
+        except SolverError as e:
+            # This order is unknown, not infeasible: remember it, say so, and go on.
+            errors.append(e)
+            continue
         if found is None:
             continue
         value, cuts = found
@@ -412,12 +493,23 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
             return _Best(value, tuple(cuts), order), n_orders, solver
         if best is None or value < best.value:
             best = _Best(value, tuple(cuts), order)
+    if errors:
+        if best is None:   # no layout, but the failed orders might have had one
+            raise SolverError(
+                f"The MILP solver failed on {len(errors)} of {len(orders)} device order(s) "
+                "and no other order gave a layout, so whether one fits is unknown (this is "
+                f"not an infeasibility). Received: {errors[0]}")
+        solver += (f" (solver error on {len(errors)} order(s) after retries: the best layout "
+                   "of the other orders, maybe not optimal)")
     return best, n_orders, solver
 
 
 def _to_plan(cm: CostModel, profile: Any, best: _Best, n_m: int, slots: int, solver: str,
              n_orders: int, seconds: float) -> Plan:
     costs = cm.evaluate(best.cuts, best.order)
+    if not all(c.fits for c in costs):   # every path re-checks; this guards the guarantee
+        raise AssertionError(f"internal error: the planner chose a layout that does not fit "
+                             f"memory (cuts={best.cuts}); please report it")
     bounds = [-1, *best.cuts, cm.num_layers - 1]
     names = [l.name for l in profile.layers]
     stages = tuple(

@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     from hetpipe_tf import HetPipeStrategy
-    from hetpipe_tf.pipeline.runtime import DEFAULT_HISTORY
+    from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
     from hetpipe_tf.strategy import even_plan
 
     keras.utils.set_random_seed(0)

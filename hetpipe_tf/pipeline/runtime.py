@@ -40,9 +40,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core.schedule import Task, TaskKind
+from hetpipe_tf.pipeline.executor import Executor
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
-from hetpipe_tf.pipeline.window import Window
+from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 
 _STOP = object()
 _APPLY = "apply"   # a stage's task: apply its part of a committed minibatch's update
@@ -50,9 +51,6 @@ _APPLY = "apply"   # a stage's task: apply its part of a committed minibatch's u
 
 class PipelineError(RuntimeError):
     """The pipeline cannot take work: it was closed."""
-
-
-DEFAULT_HISTORY = 10_000
 
 
 class RecordView(Mapping):
@@ -91,7 +89,7 @@ class TraceEvent:
     end: float
 
 
-class PipelineRuntime:
+class PipelineRuntime(Executor):
     def __init__(self, stages: Sequence[Stage], weights: WeightVersions, n_m: int,
                  update_metrics: Callable[[Any, Any, Any, Any], dict], trace: bool = True,
                  after_apply: Callable[[int], None] | None = None,
@@ -201,11 +199,6 @@ class PipelineRuntime:
     def in_flight(self) -> int:
         return self.submitted - self.completed
 
-    @property
-    def error(self) -> BaseException | None:
-        """The exception of the task that failed, if one did."""
-        return self._error
-
     def abort(self) -> None:
         """Drop every minibatch in flight that was not committed (a committed one finishes
         on every stage) and end the run; returns when no stage works any more. w_local is the
@@ -239,16 +232,6 @@ class PipelineRuntime:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
-
-    def __enter__(self) -> "PipelineRuntime":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
 
     def _fail(self, e: BaseException, where: str) -> None:
         e.add_note(f"hetpipe_tf: raised by {where} of virtual worker {self.vw}.")

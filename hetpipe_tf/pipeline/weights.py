@@ -27,6 +27,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim as keras_shim
+from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
 
 
 class StageWeights:
@@ -132,7 +133,7 @@ class WeightVersions:
     """The stages' weights of one virtual worker and the record of which local updates
     each minibatch's weights reflected (minibatch id -> last update id)."""
 
-    def __init__(self, stages: Sequence[StageWeights], history: int = 10_000):
+    def __init__(self, stages: Sequence[StageWeights], history: int = DEFAULT_HISTORY):
         self.stages = list(stages)
         self.record: dict[int, int] = {}
         self._history = history

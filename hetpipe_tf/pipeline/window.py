@@ -11,6 +11,9 @@ from __future__ import annotations
 import collections
 from typing import Any, Iterator
 
+# How many minibatches (or pushes) the runtime's records keep by default.
+DEFAULT_HISTORY = 10_000
+
 
 class Window:
     def __init__(self, maxlen: int):

@@ -36,14 +36,15 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
-from hetpipe_tf.pipeline.window import Window
+from hetpipe_tf.pipeline.executor import Executor
+from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 
 _STOP = object()
 
 
-class Coordinator:
+class Coordinator(Executor):
     """Dispatch, runs and the end-of-run protocol of several VWs.
 
     Args:
@@ -59,7 +60,8 @@ class Coordinator:
     def __init__(self, runtimes: Sequence[Any], syncs: Sequence[WaveSync],
                  servers: ParameterServers, model_variables: Sequence[Any],
                  on_run_start: Callable[[], None] | None = None,
-                 on_run_end: Callable[[], None] | None = None, history: int = 10_000):
+                 on_run_end: Callable[[], None] | None = None,
+                 history: int = DEFAULT_HISTORY):
         if not (len(runtimes) == len(syncs) == servers.num_workers):
             raise ValueError(f"One runtime and one WaveSync per worker are needed. Received: "
                              f"{len(runtimes)} runtimes, {len(syncs)} syncs, "
@@ -101,10 +103,6 @@ class Coordinator:
         return max(done, key=lambda rt: rt.logs_time).logs if done else None
 
     # --- called by the strategy ----------------------------------------------------------
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
-
     def submit(self, inputs: list, y, sample_weight) -> None:
         self._raise_if_failed()
         if self._closed:
@@ -177,17 +175,7 @@ class Coordinator:
         for rt in self.runtimes:
             rt.close()
 
-    def __enter__(self) -> "Coordinator":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     # --- internals -------------------------------------------------------------------
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
-
     def _start_run(self) -> None:
         values = []
         for v in self.model_variables:

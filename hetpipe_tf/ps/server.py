@@ -27,7 +27,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core import wsp
-from hetpipe_tf.pipeline.window import Window
+from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 
 
 def read_values(variables: Sequence[tf.Variable]) -> list:
@@ -57,7 +57,7 @@ class ParameterServers:
     """w_global on the parameter servers' devices and the WSP clocks of `num_workers`."""
 
     def __init__(self, initial: Sequence, devices: Sequence[str], num_workers: int,
-                 names: Sequence[str] | None = None, history: int = 10_000):
+                 names: Sequence[str] | None = None, history: int = DEFAULT_HISTORY):
         if len(initial) != len(devices):
             raise ValueError(f"One device per variable is needed. Received: {len(initial)} "
                              f"variables, {len(devices)} devices.")

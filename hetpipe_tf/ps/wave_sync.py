@@ -35,6 +35,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core import wsp
+from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
 from hetpipe_tf.ps.server import ParameterServers, read_values
 
 
@@ -55,7 +56,7 @@ class WaveSync:
 
     def __init__(self, worker: int, servers: ParameterServers, local: Sequence[tf.Variable],
                  n_m: int, clock_distance: int, fresh_pulls: bool = True,
-                 history: int = 10_000, weights=None):
+                 history: int = DEFAULT_HISTORY, weights=None):
         if len(local) != len(servers.variables):
             raise ValueError(f"w_local needs one variable per parameter-server variable. "
                              f"Received: {len(local)} local, {len(servers.variables)} on the "
@@ -83,12 +84,20 @@ class WaveSync:
         self._base: list = []
         self._q: int | None = None   # the update that ended the wave being synced
         self._assign = tf.function(self._assign_impl, reduce_retracing=True)
+        self._delta = tf.function(self._delta_impl, reduce_retracing=True)
 
     # --- compiled helpers (each op on the variable's own device) -------------------------
     def _assign_impl(self, values):
         for v, x in zip(self.local, values):
             with tf.device(v.device):
                 v.assign(x)
+
+    def _delta_impl(self, now, base):
+        out = []
+        for v, a, b in zip(self.local, now, base):
+            with tf.device(v.device):
+                out.append(a - b)
+        return out
 
     @property
     def clock(self) -> int:
@@ -143,11 +152,7 @@ class WaveSync:
 
     def _push(self, wave: int, final: bool = False) -> None:
         state = self._state()
-        deltas = []
-        for v, now, base in zip(self.local, state, self._base):
-            with tf.device(v.device):
-                deltas.append(now - base)
-        self.servers.push(self.worker, wave, deltas, final)
+        self.servers.push(self.worker, wave, self._delta(state, self._base), final)
         self._base = state
         self._since_push = 0
         self._waves_pushed = wave + 1

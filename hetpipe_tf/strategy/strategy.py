@@ -46,7 +46,7 @@ from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
-                                            check_plans)
+                                            check_plans, check_same_batch)
 
 logger = logging.getLogger(__name__)
 
@@ -236,16 +236,6 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         return self._fallback_device
 
     @contextlib.contextmanager
-    def place_on_host(self):
-        """Within this context, variables go to the host CPU (the model optimizer's slots:
-        the stages train with their own, so device memory holds one copy)."""
-        self._local_placement.host = True
-        try:
-            yield
-        finally:
-            self._local_placement.host = False
-
-    @contextlib.contextmanager
     def place_locally(self):
         """Within this context, variables keep the caller's device scope (w_global on the
         parameter servers, w_local on the stage devices)."""
@@ -259,10 +249,6 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if getattr(self._local_placement, "on", False):
             kwargs.pop("colocate_with", None)
             return next_creator(**kwargs)
-        if getattr(self._local_placement, "host", False):
-            kwargs.pop("colocate_with", None)
-            with tf.device(self._host):
-                return next_creator(**kwargs)
         compiling = _keras_shim.calling_model(sys._getframe(1))
         if compiling is not None:
             self.guard_model(compiling)
@@ -371,23 +357,11 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 del self.pipelines[id(model)]
                 t = None
             if t is not None:
-                self._check_same_batch(t, data)
+                check_same_batch(data, t.batch_size)
                 return t.executor
             t = self._build_runtime(model, data)
             self.pipelines[id(model)] = t
             return t.executor
-
-    @staticmethod
-    def _check_same_batch(t: _Training, data) -> None:
-        sizes = {x.shape[0] if x.shape.rank else None for x in tf.nest.flatten(data)
-                 if x is not None}
-        if sizes != {t.batch_size}:
-            raise ValueError(
-                "This fit's batch size differs from the one the model's pipeline was built for "
-                "(its plan, N_m and weight versions are made for one minibatch size). "
-                f"Received: batch size {sorted(sizes, key=str)}, built for {t.batch_size}; "
-                f"fit with batch_size={t.batch_size} (and drop_remainder=True), or train this "
-                "batch size under a new HetPipeStrategy.")
 
     def _build_runtime(self, model, data) -> _Training:
         strategy = self._container_strategy()
@@ -411,6 +385,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             check_plan(p, program, model, batch_size)
         training_state.check_optimizer(model.optimizer,
                                        max(p.num_stages for p in self.plans))
+        self.guard_model(model)   # before the build: its slots go to the host
         with tf.init_scope():
             training_state.build_canonical(model)
         # The class's own method: an earlier build may have replaced the instance's.
@@ -456,7 +431,6 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             return original()
 
         object.__setattr__(model, "get_metrics_result", get_metrics_result)
-        self.guard_model(model)
         for w, p in enumerate(self.plans):
             logger.info("HetPipe virtual worker %d of %d for %s:\n%s", w, len(self.plans),
                         model.name, p.table())

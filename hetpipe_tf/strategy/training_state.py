@@ -24,13 +24,13 @@ run's start): several become one: each model optimizer slot := the mean over the
 the stage slots standing for it; one becomes several: every stage slot := the model
 optimizer's and its step count := model.optimizer.iterations // number of VWs (so Adam's
 bias correction continues where one worker of the cluster would be). The model's
-optimizer is kept on the host (`build_canonical`), so the stage devices hold one copy of
-the slots, not two.
+optimizer keeps its slots on the host (the strategy's variable creator places them there
+whoever builds it: Keras at fit's symbolic build or `build_canonical`), so the stage devices
+hold one copy of the slots, not two.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import keras
@@ -71,13 +71,10 @@ def check_optimizer(optimizer, max_stages: int = 1) -> None:
 
 def build_canonical(model) -> None:
     """Build the model's optimizer on the model's trainable variables (in its strategy's
-    scope, on the host when the strategy offers it), so its slots exist before training and
-    checkpoints hold them."""
+    scope), so its slots exist before training and checkpoints hold them."""
     optimizer = model.optimizer
     if not optimizer.built:
-        strategy = model.distribute_strategy
-        on_host = getattr(strategy.extended, "place_on_host", None)
-        with strategy.scope(), (on_host() if on_host else contextlib.nullcontext()):
+        with model.distribute_strategy.scope():
             optimizer.build(model.trainable_variables)
 
 

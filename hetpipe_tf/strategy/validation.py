@@ -130,10 +130,16 @@ def _check_compile(model) -> None:
             "default 'auto' (Keras turns XLA off under a tf.distribute strategy).")
 
 
+def _batch_sizes(data) -> set:
+    """The static leading dimensions of a batch's tensors (None where unknown)."""
+    return {t.shape[0] if t.shape.rank else None for t in tf.nest.flatten(data)
+            if t is not None}
+
+
 def check_batch(data) -> int:
     """The static batch size of a training batch; varying batch sizes are rejected."""
     flat = [t for t in tf.nest.flatten(data) if t is not None]
-    sizes = {t.shape[0] if t.shape.rank else None for t in flat}
+    sizes = _batch_sizes(data)
     if None in sizes or len(sizes) != 1:
         raise ValueError(
             "HetPipeStrategy needs every minibatch to have the same batch size (the plan and "
@@ -141,6 +147,18 @@ def check_batch(data) -> int:
             f"Received: batch shapes {[tuple(t.shape) for t in flat]}; batch the dataset with "
             "drop_remainder=True (or pass a sample count that is a multiple of batch_size).")
     return sizes.pop()
+
+
+def check_same_batch(data, built_for: int) -> None:
+    """A later fit must use the batch size the model's pipeline was built for."""
+    sizes = _batch_sizes(data)
+    if sizes != {built_for}:
+        raise ValueError(
+            "This fit's batch size differs from the one the model's pipeline was built for "
+            "(its plan, N_m and weight versions are made for one minibatch size). "
+            f"Received: batch size {sorted(sizes, key=str)}, built for {built_for}; "
+            f"fit with batch_size={built_for} (and drop_remainder=True), or train this "
+            "batch size under a new HetPipeStrategy.")
 
 
 def check_plan(plan, program, model, batch_size: int, cluster=None) -> None:

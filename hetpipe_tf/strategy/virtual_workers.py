@@ -25,7 +25,6 @@ import threading
 import types
 from typing import Any, Callable, Sequence
 
-import keras
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim

@@ -46,6 +46,19 @@ def _two_vws(n_m=1, d=0, stages=1, make=OPTIMIZERS["adam"], seed=0):
     return strategy, model
 
 
+def _local_step(probe, copy, optimizer, weights, batch):
+    """One step of a worker's own optimizer at `weights` on `batch` (plain Keras): the
+    change it makes to the weights."""
+    x, y = batch
+    probe.set_weights(weights)
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(y, probe(x, training=True))
+    grads = tape.gradient(loss, probe.trainable_variables)
+    copy.set_weights(weights)
+    optimizer.apply_gradients(zip(grads, copy.trainable_variables))
+    return [a - b for a, b in zip(copy.get_weights(), weights)]
+
+
 def _sync_dp_with_local_optimizers(w0, make, batches, assignment):
     """Synchronous data parallelism, one optimizer per worker: at every step each worker
     applies its own optimizer to its gradient at the common weights w_t, and
@@ -55,19 +68,12 @@ def _sync_dp_with_local_optimizers(w0, make, batches, assignment):
     opts = [make() for _ in assignment]
     for c, o in zip(copies, opts):
         o.build(c.trainable_variables)
-    loss_fn = keras.losses.MeanSquaredError()
     w = [a.copy() for a in w0]
     for t in range(len(assignment[0])):
         total = [np.zeros_like(a) for a in w]
         for k, steps in enumerate(assignment):
-            x, y = batches[steps[t]]
-            probe.set_weights(w)
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, probe(x, training=True))
-            grads = tape.gradient(loss, probe.trainable_variables)
-            copies[k].set_weights(w)
-            opts[k].apply_gradients(zip(grads, copies[k].trainable_variables))
-            total = [a + (b - c) for a, b, c in zip(total, copies[k].get_weights(), w)]
+            u = _local_step(probe, copies[k], opts[k], w, batches[steps[t]])
+            total = [a + b for a, b in zip(total, u)]
         w = [a + b for a, b in zip(w, total)]
     return w
 
@@ -407,7 +413,6 @@ def test_adam_under_wsp_equals_the_reference_rebuilt_from_records():
     opts = [keras.optimizers.Adam(lr) for _ in range(2)]
     for c, o in zip(copies, opts):
         o.build(c.trainable_variables)
-    loss_fn = keras.losses.MeanSquaredError()
     updates, done = {}, [0, 0]
 
     def wave_sum(u, w):
@@ -426,14 +431,8 @@ def test_adam_under_wsp_equals_the_reference_rebuilt_from_records():
                         w = [a + b for a, b in zip(w, wave_sum(other, wave))]
             for k in local[v][q]:
                 w = [a + b for a, b in zip(w, update(v, k))]
-            xb, yb = batches[assignment[v][q - 1]]
-            probe.set_weights(w)
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, probe(xb, training=True))
-            grads = tape.gradient(loss, probe.trainable_variables)
-            copies[v].set_weights(w)
-            opts[v].apply_gradients(zip(grads, copies[v].trainable_variables))
-            updates[(v, q)] = [a - b for a, b in zip(copies[v].get_weights(), w)]
+            updates[(v, q)] = _local_step(probe, copies[v], opts[v], w,
+                                          batches[assignment[v][q - 1]])
             done[v] = q
         return updates[(v, p)]
 

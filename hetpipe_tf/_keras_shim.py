@@ -78,6 +78,65 @@ def call_events(functional: keras.Model) -> list[CallEvent]:
     return events
 
 
+def nested_functional(operation: Any) -> keras.Model | None:
+    """The Functional graph a model used as a layer runs when called, or None when its call
+    is Python code of its own (a subclassed Model, or a Functional subclass overriding call)."""
+    from keras.src.models.functional import Functional
+
+    # Reason: Functional (the class of keras.Model(inputs, outputs), of keras_hub backbones
+    # and of Sequential's internal graph) is private; only its own call is a graph.
+    if isinstance(operation, keras.Sequential):
+        if type(operation).call is not keras.Sequential.call:
+            return None
+        return getattr(operation, "_functional", None)
+    if isinstance(operation, Functional) and type(operation).call is Functional.call:
+        return operation
+    return None
+
+
+def nested_inputs(functional: keras.Model, args: tuple, kwargs: dict) -> tuple[list | None, str]:
+    """The recorded values a call of the nested `functional` feeds to its inputs, in the
+    order of `functional.inputs`, or (None, why) when Keras' Functional.call would do more
+    with them than hand them on (convert a dtype, adjust a rank, apply a mask, ...)."""
+    kwargs = dict(kwargs)
+    kwargs.pop("training", None)  # Functional.call passes the caller's training on, as we do
+    if kwargs.get("mask", None) is None:
+        kwargs.pop("mask", None)
+    if "inputs" in kwargs and not args:
+        args = (kwargs.pop("inputs"),)
+    if kwargs or len(args) != 1:
+        return None, (f"it is called with arguments besides its inputs "
+                      f"({sorted(kwargs) or len(args)})")
+    inputs = args[0]
+    # Reason: the mapping of a call's structure to the inputs mirrors the private
+    # Functional._standardize_inputs (without its conversions, refused below).
+    struct, flat_refs = functional._inputs_struct, list(functional.inputs)
+    if isinstance(struct, list) and len(struct) == 1 and is_symbolic_tensor(inputs):
+        inputs = [inputs]
+    elif isinstance(inputs, dict) and not isinstance(struct, dict):
+        names = [t.name for t in flat_refs]
+        if not set(names) <= set(inputs):
+            return None, f"its inputs {names} are not all in the dict given"
+        inputs = [inputs[n] for n in names]
+    flat = keras.tree.flatten(inputs)
+    if len(flat) != len(flat_refs):
+        return None, f"it gets {len(flat)} tensors for {len(flat_refs)} inputs"
+    for x, ref in zip(flat, flat_refs):
+        if not is_symbolic_tensor(x):
+            return None, f"input {ref.name!r} is given a constant"
+        if x.dtype != ref.dtype or len(x.shape) != len(ref.shape):
+            return None, (f"input {ref.name!r} ({ref.dtype}, rank {len(ref.shape)}) is "
+                          f"given a {x.dtype} tensor of rank {len(x.shape)} that Keras "
+                          "would convert")
+    return flat, ""
+
+
+def output_specs(operation: Any, args: tuple, kwargs: dict) -> list:
+    """The flat output specs (KerasTensors) of calling `operation` on specs, without
+    recording a call in any graph (for shapes a nested model leaves undefined)."""
+    return keras.tree.flatten(operation.compute_output_spec(*args, **kwargs))
+
+
 def is_symbolic_tensor(value: Any) -> bool:
     """True for the symbolic tensors (KerasTensor) that wire a Functional graph."""
     return isinstance(value, keras.KerasTensor)

@@ -4,12 +4,20 @@ Conventions (the partitioner, the profiler and the pipeline runtime rely on them
 
 - A node is one call of a Keras operation (normally a layer) inside the model.
   `InputLayer`s are not nodes: model input k is referred to as `TensorRef(-1 - k, 0)`.
-- A shared layer (called n times) gives n nodes. The first call's node is named after the
-  layer and carries its parameter bytes; call c >= 1 is named "<layer>@<c>" and has
-  `param_bytes == 0`, so that summing over nodes counts each weight once.
-- A nested model (a Model used as a layer) is one node; build the outer model from the
-  inner model's layers to let the partitioner cut inside it.
-- Shapes are per sample (batch dimension dropped) and must be fully defined.
+- A nested model (a Functional or Sequential model used as a layer, at any depth: a
+  keras_hub backbone, a keras.applications base) is inlined: each of its layer calls is a
+  node named "<model>/<layer>" (one prefix per level), so plans can cut inside it. The
+  model is read, never rebuilt: its variables, names and weight order stay the user's.
+  A nested model whose call is Python code of its own (a subclassed Model) stays one node,
+  and so does a call Keras would convert on the way in (another dtype or rank, a mask);
+  `LayerGraph.notes` says which and why.
+- A shared layer (called n times, e.g. tied input/output embeddings) gives n nodes. The
+  first call's node is named after the layer and carries its parameter bytes; call c >= 1
+  is named "<layer>@<c>" and has `param_bytes == 0`, so that summing over nodes counts each
+  weight once. Its weights exist once, so its calls must run in one stage: the cuts between
+  its first and last call are not allowed (`allowed_cut`).
+- Shapes are per sample (batch dimension dropped) and must be fully defined (a nested
+  model's open dimensions are derived from the outer model's inputs).
 - The cut after node i (between nodes i and i+1) carries every tensor produced at or
   before i (model inputs count as produced before node 0) that some node after i
   consumes. A model output that no later node consumes does not cross the cut; the
@@ -83,6 +91,8 @@ class LayerNode:
     layer_name: str
     call_index: int
     call_structure: CallStructure = dataclasses.field(compare=False, repr=False)
+    # Why a nested model is one node although it is a model ("" for every other node).
+    opaque: str = ""
 
     def output_bytes(self, index: int) -> int:
         """Bytes per sample of output `index`."""
@@ -119,6 +129,92 @@ def _weight_bytes(weights: Sequence[Any]) -> int:
     return total
 
 
+class _Builder:
+    """Flattens a Functional graph into nodes, inlining nested Functional and Sequential
+    models (any depth), so that every inner layer call is a node the planner can cut after."""
+
+    def __init__(self) -> None:
+        self.nodes: list[LayerNode] = []
+        self.layers: list[Any] = []
+        self.specs: dict[TensorRef, tuple[tuple[int, ...], str]] = {}  # per-sample shape, dtype
+        self._calls: dict[int, int] = {}       # id(layer) -> its calls so far
+        self._first: dict[int, str] = {}       # id(layer) -> the name of its first call
+
+    def inline(self, functional: Any, input_refs: Sequence[TensorRef], prefix: str
+               ) -> list[TensorRef]:
+        """Add the calls of `functional` whose inputs are `input_refs`; its output refs."""
+        refs = {id(t): r for t, r in zip(functional.inputs, input_refs)}
+        for event in _keras_shim.call_events(functional):
+            op = event.operation
+            opaque = ""
+            inner = _keras_shim.nested_functional(op)
+            if inner is not None:
+                values, why = _keras_shim.nested_inputs(inner, event.args, event.kwargs)
+                if values is not None:
+                    outs = self.inline(inner, [refs[id(v)] for v in values],
+                                       f"{prefix}{op.name}/")
+                    refs.update((id(t), r) for t, r in zip(event.outputs, outs))
+                    continue
+                opaque = f"nested model {prefix}{op.name} stays one node: {why}"
+            elif isinstance(op, keras.Model):
+                opaque = (f"nested model {prefix}{op.name} stays one node: it is a subclassed "
+                          f"{type(op).__name__} whose call() is Python code, not a layer graph")
+            self._add(event, op, refs, prefix, opaque)
+        return [refs[id(t)] for t in functional.outputs]
+
+    def _add(self, event: Any, op: Any, refs: dict[int, TensorRef], prefix: str,
+             opaque: str) -> None:
+        index = len(self.nodes)
+        call = self._calls.get(id(op), 0)
+        self._calls[id(op)] = call + 1
+        base = f"{prefix}{op.name}"
+        self._first.setdefault(id(op), base)
+        name = base if call == 0 else f"{base}@{call}"
+        inputs: list[TensorRef] = []
+
+        def to_ref(value: Any) -> Any:
+            if _keras_shim.is_symbolic_tensor(value):
+                ref = refs[id(value)]
+                if ref not in inputs:
+                    inputs.append(ref)
+                return ref
+            return value
+
+        structure = CallStructure(
+            args=_map_leaves(event.args, to_ref), kwargs=_map_leaves(event.kwargs, to_ref))
+        shapes, dtypes = self._output_specs(event, op, structure, inputs, name)
+        weights = list(getattr(op, "weights", ()))
+        trainable = list(getattr(op, "trainable_weights", ()))
+        self.nodes.append(LayerNode(
+            index=index, name=name, class_name=type(op).__name__, inputs=tuple(inputs),
+            output_shapes=shapes, output_dtypes=dtypes,
+            output_bytes_per_sample=sum(map(_tensor_bytes, shapes, dtypes)),
+            param_bytes=_weight_bytes(weights) if call == 0 else 0,
+            trainable_param_bytes=_weight_bytes(trainable) if call == 0 else 0,
+            layer_name=self._first[id(op)], call_index=call, call_structure=structure,
+            opaque=opaque))
+        self.layers.append(op)
+        for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+            self.specs[TensorRef(index, k)] = (shape, dtype)
+            refs[id(event.outputs[k])] = TensorRef(index, k)
+
+    def _output_specs(self, event: Any, op: Any, structure: CallStructure,
+                      inputs: Sequence[TensorRef], name: str) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+        recorded = [tuple(t.shape)[1:] for t in event.outputs]
+        outputs = event.outputs
+        if any(None in shape for shape in recorded):
+            # A nested model's Input may leave a dimension open (keras_hub backbones: the
+            # sequence length) that the outer model's inputs define: derive the call's
+            # output specs from its inputs' specs, without recording a call anywhere.
+            specs = {r: keras.KerasTensor((None, *self.specs[r][0]), dtype=self.specs[r][1])
+                     for r in inputs}
+            args, kwargs = structure.fill(specs)
+            outputs = _keras_shim.output_specs(op, args, kwargs)
+        where = f"output of {name!r}"
+        return (tuple(_per_sample_shape(t, where) for t in outputs),
+                tuple(_dtype_name(t.dtype) for t in outputs))
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerGraph:
     """Nodes of a Keras model in topological order, with the tensors between them."""
@@ -138,6 +234,11 @@ class LayerGraph:
                 last_use[ref] = node.index
         object.__setattr__(self, "_last_use", last_use)
         object.__setattr__(self, "_by_name", {node.name: node for node in self.nodes})
+        calls: dict[str, list[int]] = {}
+        for node in self.nodes:
+            calls.setdefault(node.layer_name, []).append(node.index)
+        object.__setattr__(self, "_shared", {name: (ix[0], ix[-1])
+                                             for name, ix in calls.items() if len(ix) > 1})
 
     @classmethod
     def from_model(cls, model: keras.Model) -> LayerGraph:
@@ -151,68 +252,45 @@ class LayerGraph:
                 "model with keras.Input or model.build(input_shape), or use a "
                 "Functional model (subclassed models are not supported)."
             )
-        refs: dict[int, TensorRef] = {}  # id(KerasTensor) -> ref
+        builder = _Builder()
+        input_refs = []
         input_shapes, input_dtypes = [], []
         for k, tensor in enumerate(functional.inputs):
-            refs[id(tensor)] = TensorRef(-1 - k, 0)
+            input_refs.append(TensorRef(-1 - k, 0))
             input_shapes.append(_per_sample_shape(tensor, f"model input {k}"))
             input_dtypes.append(_dtype_name(tensor.dtype))
-
-        nodes, layers = [], []
-        for index, event in enumerate(_keras_shim.call_events(functional)):
-            op = event.operation
-            base = op.name
-            name = base if event.call_index == 0 else f"{base}@{event.call_index}"
-            where = f"output of {name!r}"
-            shapes = tuple(_per_sample_shape(t, where) for t in event.outputs)
-            dtypes = tuple(_dtype_name(t.dtype) for t in event.outputs)
-            inputs: list[TensorRef] = []
-
-            def to_ref(value: Any) -> Any:
-                if _keras_shim.is_symbolic_tensor(value):
-                    ref = refs[id(value)]
-                    if ref not in inputs:
-                        inputs.append(ref)
-                    return ref
-                return value
-
-            structure = CallStructure(
-                args=_map_leaves(event.args, to_ref), kwargs=_map_leaves(event.kwargs, to_ref)
-            )
-            first_call = event.call_index == 0
-            weights = list(getattr(op, "weights", ()))
-            trainable = list(getattr(op, "trainable_weights", ()))
-            nodes.append(
-                LayerNode(
-                    index=index,
-                    name=name,
-                    class_name=type(op).__name__,
-                    inputs=tuple(inputs),
-                    output_shapes=shapes,
-                    output_dtypes=dtypes,
-                    output_bytes_per_sample=sum(map(_tensor_bytes, shapes, dtypes)),
-                    param_bytes=_weight_bytes(weights) if first_call else 0,
-                    trainable_param_bytes=_weight_bytes(trainable) if first_call else 0,
-                    layer_name=base,
-                    call_index=event.call_index,
-                    call_structure=structure,
-                )
-            )
-            layers.append(op)
-            for t_index, tensor in enumerate(event.outputs):
-                refs[id(tensor)] = TensorRef(index, t_index)
-
+            builder.specs[TensorRef(-1 - k, 0)] = (input_shapes[-1], input_dtypes[-1])
+        outputs = builder.inline(functional, input_refs, prefix="")
         return cls(
             model_name=model.name,
-            nodes=tuple(nodes),
+            nodes=tuple(builder.nodes),
             input_shapes=tuple(input_shapes),
             input_dtypes=tuple(input_dtypes),
-            outputs=tuple(refs[id(t)] for t in functional.outputs),
-            _layers=tuple(layers),
+            outputs=tuple(outputs),
+            _layers=tuple(builder.layers),
         )
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Why nested models stayed single nodes (the plan table prints these)."""
+        return tuple(node.opaque for node in self.nodes if node.opaque)
+
+    @property
+    def shared_layers(self) -> Mapping[str, tuple[int, int]]:
+        """Layer name -> (first, last) node calling it, for layers called more than once."""
+        return dict(self._shared)
+
+    def allowed_cut(self, i: int) -> bool:
+        """False for a cut between two calls of one shared layer (its weights exist once)."""
+        self._check_cut(i)
+        return not any(first <= i < last for first, last in self._shared.values())
+
+    def forbidden_cuts(self) -> frozenset[int]:
+        """The cuts `allowed_cut` refuses."""
+        return frozenset(c for first, last in self._shared.values() for c in range(first, last))
 
     def layer(self, name: str) -> LayerNode:
         """The node called `name` ("<layer>" or "<layer>@<call>" for shared layers)."""

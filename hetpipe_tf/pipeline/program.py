@@ -10,7 +10,7 @@ module adds only what running the graph in stages needs:
   (the model inputs the graph reads), `cut(L - 1)` is what the last stage emits (the model
   outputs). Skip connections that jump over a stage pass through it unchanged.
 - Feeding the model's inputs to stage 0 and packing y_pred as Keras' Functional does.
-- Rejecting shared layers: their weights would belong to several stages.
+- Refusing a split that puts the calls of one shared layer in different stages.
 """
 
 from __future__ import annotations
@@ -23,17 +23,37 @@ from hetpipe_tf import _keras_shim
 from hetpipe_tf.partitioner.layer_graph import LayerGraph, TensorRef
 
 
-def check_no_shared_layers(graph: LayerGraph) -> None:
-    """Raise ValueError if a layer is called more than once (one node per call)."""
-    for node in graph.nodes:
-        if node.call_index > 0:
-            calls = sum(n.layer_name == node.layer_name for n in graph.nodes)
+def check_shared_layers_kept_together(graph: LayerGraph, bounds: Sequence[tuple[int, int]]
+                                      ) -> None:
+    """Raise ValueError if the calls of a shared layer (e.g. tied input/output embeddings)
+    fall in different stages (`bounds`: each stage's first..last node): its weights exist
+    once, on one device, and the pipeline keeps them so rather than copy them."""
+    stage_of = {}
+    for j, (first, last) in enumerate(bounds):
+        for i in range(first, last + 1):
+            stage_of[i] = j
+    for name, (first, last) in graph.shared_layers.items():
+        calls = [n.index for n in graph.nodes if n.layer_name == name]
+        stages = sorted({stage_of[i] for i in calls})
+        if len(stages) > 1:
+            allowed = [c for c in range(len(graph) - 1) if graph.allowed_cut(c)]
             raise ValueError(
-                "The pipeline runtime cannot run a layer that is called more than once "
-                "(shared layer): its weights would belong to several stages. "
-                f"Received: layer {node.layer_name!r} called {calls} "
-                "times; use separate layers (or wrap the shared part in one sub-model "
-                "layer so it is one node).")
+                "A shared layer's calls must run in one stage: its weights exist once, on "
+                f"one device (HetPipe keeps one copy). Received: layer {name!r} called at "
+                f"nodes {calls} ({[graph.nodes[i].name for i in calls]}), placed in stages "
+                f"{stages}; cut only after nodes {_ranges(allowed)} (the planner does), or "
+                "untie the weights (separate layers).")
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    if not indices:
+        return "none (the model cannot be split)"
+    out, start = [], indices[0]
+    for a, b in zip(indices, [*indices[1:], None]):
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out)
 
 
 class Program:
@@ -48,9 +68,7 @@ class Program:
 
     @classmethod
     def from_model(cls, model: keras.Model) -> Program:
-        graph = LayerGraph.from_model(model)
-        check_no_shared_layers(graph)
-        return cls(graph, model)
+        return cls(LayerGraph.from_model(model), model)
 
     @property
     def layer_names(self) -> tuple[str, ...]:
@@ -70,8 +88,14 @@ class Program:
         return tuple(sorted(crossing))
 
     def stage_layers(self, first: int, last: int) -> list:
-        """The Keras layers that nodes first..last call."""
-        return [self.graph.layer_of(i) for i in range(first, last + 1)]
+        """The Keras layers that nodes first..last call (a shared layer once)."""
+        layers, seen = [], set()
+        for i in range(first, last + 1):
+            layer = self.graph.layer_of(i)
+            if id(layer) not in seen:
+                seen.add(id(layer))
+                layers.append(layer)
+        return layers
 
     def run(self, first: int, last: int, env: MutableMapping[TensorRef, Any],
             training: bool) -> None:

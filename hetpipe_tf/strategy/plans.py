@@ -8,6 +8,7 @@ times are 0 (unknown); the memory fields say "fits" (0 of 1 byte).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Sequence
 
 from hetpipe_tf.partitioner.cost import held_minibatches
@@ -57,13 +58,31 @@ def manual_plan(model, stages: Sequence[StageSpec | tuple], n_m: int, batch_size
 
 def even_plan(model, tf_devices: Sequence[str], n_m: int, batch_size: int = 0,
               speed_factors: Sequence[float] | None = None) -> Plan:
-    """Equal-layer split over `tf_devices` (the baseline the planner is compared with)."""
-    n = len(layer_order(model))
-    k = len(tf_devices)
-    if k > n:
-        raise ValueError(f"More stages than layers. Received: {k} devices, {n} layers; use "
-                         f"at most {n} devices.")
+    """Equal-layer split over `tf_devices` (the baseline the planner is compared with); a
+    cut between two calls of a shared layer moves to the nearest allowed one."""
+    graph = LayerGraph.from_model(model)
+    n, k = len(graph), len(tf_devices)
+    allowed = [c for c in range(n - 1) if graph.allowed_cut(c)]
+    if k - 1 > len(allowed):
+        raise ValueError(
+            f"More stages than the model can be split into. Received: {k} devices, {n} "
+            f"layers with {len(allowed)} allowed cuts (a shared layer's calls stay in one "
+            f"stage); use at most {len(allowed) + 1} devices.")
     sizes = [n // k + (1 if j < n % k else 0) for j in range(k)]
+    cuts = _nearest_allowed(list(itertools.accumulate(sizes))[:-1], allowed)
+    sizes = [b - a for a, b in zip([-1, *cuts], [*cuts, n - 1])]
     factors = list(speed_factors) if speed_factors is not None else [1.0] * k
     return manual_plan(model, [StageSpec(d, c, f) for d, c, f in zip(tf_devices, sizes, factors)],
                        n_m, batch_size)
+
+
+def _nearest_allowed(ends: Sequence[int], allowed: Sequence[int]) -> list[int]:
+    """For the stage sizes' running totals `ends`, increasing cuts from `allowed`, each the
+    nearest to its ideal cut (end - 1) that leaves room for the cuts after it."""
+    out, lo = [], 0
+    for j, end in enumerate(ends):
+        hi = len(allowed) - (len(ends) - j)   # leave one allowed cut per later boundary
+        pos = min(range(lo, hi + 1), key=lambda p: (abs(allowed[p] - (end - 1)), p))
+        out.append(allowed[pos])
+        lo = pos + 1
+    return out

@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
+from hetpipe_tf.pipeline.program import check_shared_layers_kept_together
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +173,7 @@ def check_plan(plan, program, model, batch_size: int, cluster=None) -> None:
             f"The plan does not match the model. Received: plan for {plan.num_layers} layers, "
             f"model {model.name!r} has {len(program.graph)}; make a new plan for this model.")
     plan.check_matches(program.layer_names)
+    check_shared_layers_kept_together(program.graph, [(s.first, s.last) for s in plan.stages])
     if plan.batch_size and plan.batch_size != batch_size:
         logger.warning("The plan was made for batch size %d but the dataset's batch size is "
                        "%d: its predicted times and memory do not apply.", plan.batch_size,

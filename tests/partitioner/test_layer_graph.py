@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from hetpipe_tf.partitioner.layer_graph import LayerGraph, TensorRef
+from tests.strategy.helpers import nested_model
 
 L = keras.layers
 F32 = 4  # bytes per float32
@@ -116,13 +117,93 @@ def test_shared_layer_gives_one_node_per_call_and_counts_weights_once():
     np.testing.assert_allclose(graph.run([v])[0], model(v), rtol=1e-6)
 
 
-def test_nested_model_is_one_node():
-    inner = keras.Sequential([keras.Input((4,)), L.Dense(6), L.Dense(5)], name="inner")
+def test_nested_sequential_is_inlined():
+    inner = keras.Sequential([keras.Input((4,)), L.Dense(6, name="a"), L.Dense(5, name="b")],
+                             name="inner")
     x = keras.Input((4,))
     model = keras.Model(x, L.Dense(2, name="head")(inner(x)))
     graph = LayerGraph.from_model(model)
-    assert [n.name for n in graph.nodes] == ["inner", "head"]
-    assert graph.nodes[0].param_bytes == ((4 * 6 + 6) + (6 * 5 + 5)) * F32
+    assert [n.name for n in graph.nodes] == ["inner/a", "inner/b", "head"]
+    assert [n.param_bytes for n in graph.nodes] == [(4 * 6 + 6) * F32, (6 * 5 + 5) * F32,
+                                                    (5 * 2 + 2) * F32]
+    assert graph.layer_of(0) is inner.layers[0]  # the user's layers, not copies
+    assert graph.notes == ()
+
+
+def test_nested_functional_two_levels_deep_is_inlined_with_skips():
+    model = nested_model()
+    graph = LayerGraph.from_model(model)
+    names = [n.name for n in graph.nodes]
+    assert names == ["backbone/blk1/blk1_a", "backbone/blk1/blk1_b", "backbone/blk1/blk1_add",
+                     "backbone/seq/s1", "backbone/seq/s2", "backbone/blk2/blk2_a",
+                     "backbone/blk2/blk2_b", "backbone/blk2/blk2_add", "cat", "head"]
+    # blk1's residual reads the outer model input; blk2's reads seq's output (node 4).
+    assert graph.layer("backbone/blk1/blk1_add").inputs == (TensorRef(-1, 0), TensorRef(1, 0))
+    assert graph.layer("backbone/blk2/blk2_add").inputs == (TensorRef(4, 0), TensorRef(6, 0))
+    # The backbone's second output is its input: the model input, read by "cat".
+    assert graph.layer("cat").inputs == (TensorRef(7, 0), TensorRef(-1, 0))
+    # Every cut inside the backbone carries the model input (8 floats) to "cat".
+    row = 8 * F32
+    assert graph.cut_bytes_per_sample(3) == 2 * row          # s1 out + x
+    assert graph.cut_bytes_per_sample(5) == 3 * row          # blk2_a out + s2 out + x
+    assert graph.cut_bytes_per_sample(8) == 3 * row * 1      # cat out (24 floats)
+    assert sum(n.param_bytes for n in graph.nodes) == sum(
+        int(np.prod(w.shape)) * F32 for w in model.weights)
+    v = np.random.default_rng(0).normal(size=(2, 8)).astype("float32")
+    np.testing.assert_allclose(graph.run([v])[0], model(v), rtol=1e-5, atol=1e-6)
+
+
+def test_nested_open_dimension_is_defined_by_the_outer_input():
+    # keras_hub backbones declare the sequence length None; the outer model fixes it.
+    t = keras.Input((None,), dtype="int32")
+    e = L.Embedding(50, 4, name="emb")(t)
+    backbone = keras.Model(t, L.Dense(6, name="proj")(e), name="bb")
+    x = keras.Input((7,), dtype="int32")
+    model = keras.Model(x, L.Dense(1, name="head")(L.Flatten(name="flat")(backbone(x))))
+    graph = LayerGraph.from_model(model)
+    assert [n.output_shapes for n in graph.nodes] == [((7, 4),), ((7, 6),), ((42,),), ((1,),)]
+
+
+def test_subclassed_nested_model_stays_one_node_and_says_why():
+    class Block(keras.Model):
+        def __init__(self):
+            super().__init__(name="custom")
+            self.d = L.Dense(4)
+
+        def call(self, x):
+            return self.d(x) * 2.0
+
+    x = keras.Input((4,))
+    model = keras.Model(x, L.Dense(1, name="head")(Block()(x)))
+    graph = LayerGraph.from_model(model)
+    assert [n.name for n in graph.nodes] == ["custom", "head"]
+    assert len(graph.notes) == 1
+    assert "custom" in graph.notes[0] and "subclassed" in graph.notes[0]
+    assert graph.nodes[0].param_bytes == (4 * 4 + 4) * F32
+
+
+def test_nested_call_keras_would_convert_stays_one_node():
+    i = keras.Input((4,), dtype="float32")
+    inner = keras.Model(i, L.Dense(2, name="d")(i), name="inner")
+    x = keras.Input((4,), dtype="int32")
+    model = keras.Model(x, inner(x))   # Functional.call casts int32 -> float32
+    graph = LayerGraph.from_model(model)
+    assert [n.name for n in graph.nodes] == ["inner"]
+    assert "int32" in graph.notes[0]
+    v = np.arange(8, dtype="int32").reshape(2, 4)
+    np.testing.assert_allclose(graph.run([v])[0], model(v), rtol=1e-6)
+
+
+def test_tied_weights_forbid_the_cuts_between_their_calls():
+    x = keras.Input((6,))
+    tied = L.Dense(6, name="tied")
+    h = L.Dense(6, name="mid")(tied(x))
+    model = keras.Model(x, L.Dense(1, name="out")(tied(h)))
+    graph = LayerGraph.from_model(model)
+    assert [n.name for n in graph.nodes] == ["tied", "mid", "tied@1", "out"]
+    assert graph.shared_layers == {"tied": (0, 2)}
+    assert [graph.allowed_cut(c) for c in range(3)] == [False, False, True]
+    assert graph.forbidden_cuts() == frozenset({0, 1})
 
 
 def test_multi_input_ops_and_multi_output_refs():

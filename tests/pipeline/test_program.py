@@ -9,7 +9,7 @@ import pytest
 
 from hetpipe_tf.partitioner.layer_graph import TensorRef
 from hetpipe_tf.strategy import StageSpec, manual_plan
-from hetpipe_tf.pipeline.program import Program
+from hetpipe_tf.pipeline.program import Program, check_shared_layers_kept_together
 from hetpipe_tf.strategy.validation import check_plan
 from tests.strategy.helpers import DEVICES
 
@@ -52,12 +52,24 @@ def test_cut_carries_model_outputs_to_the_last_stage():
     assert all(r.is_model_input for r in program.cut(-1)) and len(program.cut(-1)) == 2
 
 
-def test_shared_layer_is_rejected():
+def _tied():
     inp = keras.Input((8,))
     shared = keras.layers.Dense(8, name="shared")
-    model = keras.Model(inp, keras.layers.Dense(1)(shared(shared(inp))))
-    with pytest.raises(ValueError, match=r"shared layer.*layer 'shared' called 2 times"):
-        Program.from_model(model)
+    return keras.Model(inp, keras.layers.Dense(1, name="out")(shared(shared(inp))))
+
+
+def test_a_shared_layer_is_one_layer_of_its_stage():
+    program = Program.from_model(_tied())
+    assert program.layer_names == ("shared", "shared@1", "out")
+    assert [l.name for l in program.stage_layers(0, 2)] == ["shared", "out"]
+    check_shared_layers_kept_together(program.graph, [(0, 1), (2, 2)])  # together: fine
+
+
+def test_a_split_between_the_calls_of_a_shared_layer_is_refused():
+    program = Program.from_model(_tied())
+    with pytest.raises(ValueError, match=r"layer 'shared' called at nodes \[0, 1\].*stages "
+                                         r"\[0, 1\]; cut only after nodes 1 "):
+        check_shared_layers_kept_together(program.graph, [(0, 0), (1, 2)])
 
 
 def test_plan_in_a_non_topological_order_is_rejected():

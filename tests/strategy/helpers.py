@@ -22,6 +22,33 @@ def skip_model(seed: int = 0, name: str = "skipnet") -> keras.Model:
     return keras.Model(inp, out, name=name)
 
 
+def nested_model(seed: int = 0, name: str = "nested") -> keras.Model:
+    """A Functional backbone nested two levels deep in a Functional model (10 nodes once
+    inlined): two residual blocks (Functional) around a Sequential; the backbone also
+    returns its input and the head reads the outer input, so skips cross the nesting."""
+    init = lambda s: keras.initializers.GlorotUniform(seed=seed + s)  # noqa: E731
+
+    def block(tag: str, s: int) -> keras.Model:
+        i = keras.Input((8,))
+        h = keras.layers.Dense(8, activation="tanh", kernel_initializer=init(s),
+                               name=f"{tag}_a")(i)
+        h = keras.layers.Dense(8, kernel_initializer=init(s + 1), name=f"{tag}_b")(h)
+        return keras.Model(i, keras.layers.Add(name=f"{tag}_add")([i, h]), name=tag)
+
+    i = keras.Input((8,))
+    h = block("blk1", 1)(i)
+    h = keras.Sequential([keras.layers.Dense(8, activation="tanh", kernel_initializer=init(3),
+                                             name="s1"),
+                          keras.layers.Dense(8, kernel_initializer=init(4), name="s2")],
+                         name="seq")(h)
+    backbone = keras.Model(i, [block("blk2", 5)(h), i], name="backbone")
+    x = keras.Input((8,), name="x")
+    a, b = backbone(x)
+    cat = keras.layers.Concatenate(name="cat")([a, b, x])
+    out = keras.layers.Dense(1, kernel_initializer=init(7), name="head")(cat)
+    return keras.Model(x, out, name=name)
+
+
 def regression_data(n: int = 64, seed: int = 0):
     rs = np.random.RandomState(seed)
     x = rs.randn(n, 8).astype("float32")

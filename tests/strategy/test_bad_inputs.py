@@ -71,7 +71,10 @@ def test_plan_that_does_not_match_the_model():
 
 @pytest.mark.parametrize("bad", ["stateful", "mask", "shared"])
 def test_layers_the_runtime_cannot_place(bad):
-    strategy = _strategy(k=2)
+    # "shared": a hand-made plan that puts the two calls of one layer in two stages.
+    strategy = (HetPipeStrategy(plan=lambda m: manual_plan(
+        m, [StageSpec(DEVICES[0], 1), StageSpec(DEVICES[1], 2)], n_m=2))
+        if bad == "shared" else _strategy(k=2))
     with strategy.scope():
         if bad == "stateful":
             inp = keras.Input((3, 8), batch_size=8)
@@ -86,7 +89,7 @@ def test_layers_the_runtime_cannot_place(bad):
             inp = keras.Input((8,))
             shared = keras.layers.Dense(8, name="shared")
             h = shared(shared(inp))
-            match = "shared layer"
+            match = r"shared layer's calls must run in one stage.*'shared'.*stages \[0, 1\]"
         model = keras.Model(inp, keras.layers.Dense(1)(h))
         model.compile("sgd", "mse")
     if bad == "stateful":

@@ -1,0 +1,121 @@
+"""Nested models split across stages: a Functional backbone two levels deep, a
+keras.applications base for transfer learning, and tied weights. At N_m = 1 the pipeline
+equals plain Keras on one device (the reference is the same model, trained without the
+strategy); the user's model is neither rebuilt nor copied."""
+
+import keras
+import numpy as np
+import pytest
+
+from hetpipe_tf.strategy import HetPipeStrategy, StageSpec, even_plan, manual_plan
+from tests.strategy.helpers import (DEVICES, assert_weights_close, nested_model,
+                                    regression_data)
+
+BATCH = 8
+
+
+def _fit_both(build, plan, x, y, optimizer, epochs=2, loss="mse"):
+    """(model trained under the strategy, the same model trained by plain Keras, histories,
+    the strategy); both start from the same weights."""
+    strategy = HetPipeStrategy(plan=plan)
+    with strategy.scope():
+        model = build()
+        model.compile(optimizer(), loss)
+    ref = build()
+    ref.set_weights(model.get_weights())
+    ref.compile(optimizer(), loss)
+    paths = [v.path for v in model.weights]
+    hist = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+    ref_hist = ref.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+    assert [v.path for v in model.weights] == paths   # not rebuilt: same variables, order
+    return model, ref, hist, ref_hist, strategy
+
+
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_cut_inside_a_nested_backbone_equals_plain_keras(num_stages):
+    x, y = regression_data(64)
+    plan = lambda m: even_plan(m, DEVICES[:num_stages], n_m=1)  # noqa: E731
+    model, ref, hist, ref_hist, strategy = _fit_both(
+        nested_model, plan, x, y, lambda: keras.optimizers.Adam(0.01))
+    rt = strategy.pipeline(model)
+    # Every boundary lies inside the backbone (its nodes are 0..7).
+    assert [s.last for s in rt.stages[:-1]] == ([4] if num_stages == 2 else [2, 5, 7])
+    assert all(s.layer_names[0].startswith("backbone/") for s in strategy.plan.stages[:-1])
+    # The outer input crosses every cut inside the backbone (read again by "cat").
+    assert all(any(r.is_model_input for r in s.out_refs) for s in rt.stages[:-1])
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    np.testing.assert_allclose(hist.history["loss"], ref_hist.history["loss"], rtol=1e-5)
+    strategy.close()
+
+
+def _transfer_model(frozen: bool) -> keras.Model:
+    keras.utils.set_random_seed(3)
+    base = keras.applications.ResNet50(include_top=False, weights=None,
+                                       input_shape=(32, 32, 3))
+    base.trainable = not frozen
+    x = keras.Input((32, 32, 3))
+    h = base(x, training=False) if frozen else base(x)
+    h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
+    return keras.Model(x, keras.layers.Dense(4, name="head")(h), name="transfer")
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_resnet50_base_cut_inside_equals_plain_keras(frozen):
+    rs = np.random.RandomState(0)
+    x = rs.rand(16, 32, 32, 3).astype("float32")
+    y = rs.randint(0, 4, (16,))
+    plan = lambda m: even_plan(m, DEVICES[:2], n_m=1)  # noqa: E731
+    model, ref, hist, ref_hist, strategy = _fit_both(
+        lambda: _transfer_model(frozen), plan, x, y, lambda: keras.optimizers.SGD(0.01),
+        epochs=1, loss="sparse_categorical_crossentropy")
+    stages = strategy.plan.stages
+    assert stages[0].layer_names[0] == "resnet50/conv1_pad"
+    assert stages[1].layer_names[0].startswith("resnet50/conv")  # the cut is inside the base
+    # Frozen: the base's BatchNorm statistics and weights stay; trained: they move, alike.
+    base_w = [w for w in model.get_layer("resnet50").weights]
+    moved = [not np.array_equal(a, b) for a, b in zip(
+        [w.numpy() for w in base_w], _transfer_model(frozen).get_layer("resnet50").get_weights())]
+    assert (not any(moved)) if frozen else (sum(moved) > 0.9 * len(moved))
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-4)
+    np.testing.assert_allclose(hist.history["loss"], ref_hist.history["loss"], rtol=1e-4)
+    strategy.close()
+
+
+def _tied_model(seed: int = 0) -> keras.Model:
+    """Input and output projections tied (one Dense called twice), a middle layer between."""
+    init = lambda s: keras.initializers.GlorotUniform(seed=seed + s)  # noqa: E731
+    x = keras.Input((8,))
+    tied = keras.layers.Dense(8, activation="tanh", kernel_initializer=init(1), name="tied")
+    h = keras.layers.Dense(8, activation="tanh", kernel_initializer=init(2), name="mid")(tied(x))
+    h = tied(h)
+    return keras.Model(x, keras.layers.Dense(1, kernel_initializer=init(3), name="out")(h))
+
+
+def test_tied_weights_stay_in_one_stage_and_equal_plain_keras():
+    x, y = regression_data(64)
+    # An even split would cut after node 1 (between the calls); the plan moves it.
+    plan = lambda m: even_plan(m, DEVICES[:2], n_m=1)  # noqa: E731
+    model, ref, hist, ref_hist, strategy = _fit_both(
+        _tied_model, plan, x, y, lambda: keras.optimizers.SGD(0.05))
+    assert [s.layer_names for s in strategy.plan.stages] == [("tied", "mid", "tied@1"),
+                                                            ("out",)]
+    # One copy of the tied kernel: the stage trains it once per minibatch with both uses'
+    # gradients, as plain Keras does.
+    assert len(strategy.pipeline(model).stages[0].trainable) == 4
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    strategy.close()
+
+
+def test_a_plan_splitting_tied_weights_is_refused_before_training():
+    x, y = regression_data(32)
+    strategy = HetPipeStrategy(plan=lambda m: manual_plan(
+        m, [StageSpec(DEVICES[0], 2), StageSpec(DEVICES[1], 2)], n_m=1))
+    with strategy.scope():
+        model = _tied_model()
+        model.compile("sgd", "mse")
+    w0 = model.get_weights()
+    with pytest.raises(ValueError, match=r"layer 'tied' called at nodes \[0, 2\].*cut only "
+                                         r"after nodes 2 .*untie"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert_weights_close(model.get_weights(), w0, atol=0)
+    strategy.close()

@@ -58,6 +58,8 @@ class Plan:
     solver: str = "milp"
     orders_considered: int = 1
     solve_seconds: float = 0.0
+    # What limits the split, from the layer graph (e.g. a nested model that stays one node).
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -169,7 +171,7 @@ class Plan:
                     f"Plan stage {j}: layer_names must be a list of layer-name strings. "
                     f"Received: layer_names={names!r}; list one name per layer.")
             stages.append(StagePlan(**{**s, "layer_names": tuple(names)}))
-        return cls(**{**d, "stages": tuple(stages)})
+        return cls(**{**d, "stages": tuple(stages), "notes": tuple(d.get("notes", ()))})
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -218,6 +220,9 @@ class Plan:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
             if n == 0:
                 lines.append("  ".join("-" * w for w in widths))
+        if len(self.stages) > 1:
+            lines.append("cuts after: " + " | ".join(s.layer_names[-1] for s in self.stages[:-1]))
+        lines.extend(f"note: {n}" for n in self.notes)
         lines.append(f"solver={self.solver}, orders considered={self.orders_considered}, "
                      f"solve time={self.solve_seconds:.2f} s")
         return "\n".join(lines)

@@ -20,6 +20,7 @@ from hetpipe_tf.cluster.spec import Cluster, Device, tf_device_kind
 from hetpipe_tf.partitioner import milp
 from hetpipe_tf.partitioner.comm import CommModel
 from hetpipe_tf.partitioner.cost import optimizer_slots
+from hetpipe_tf.partitioner.layer_graph import LayerGraph
 from hetpipe_tf.partitioner.plan import PartitionError, Plan
 from hetpipe_tf.partitioner.profile import ModelProfile, profile_model
 
@@ -103,4 +104,6 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
             f"n_m={n_m}; use n_m <= {max_m}, a smaller batch, or more devices.")
     plan = milp.solve(profile, chosen, n_m, cluster=cluster, comm=comm, optimizer_slots=slots,
                       options=options)
-    return PlannerResult(plan=plan, profile=profile, max_m=max_m)
+    notes = LayerGraph.from_model(model).notes if model is not None else ()
+    return PlannerResult(plan=dataclasses.replace(plan, notes=notes), profile=profile,
+                         max_m=max_m)

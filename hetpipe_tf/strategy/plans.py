@@ -34,7 +34,8 @@ def layer_order(model) -> tuple[str, ...]:
 def manual_plan(model, stages: Sequence[StageSpec | tuple], n_m: int, batch_size: int = 0,
                 optimizer_slots: int = 0) -> Plan:
     specs = [s if isinstance(s, StageSpec) else StageSpec(*s) for s in stages]
-    names = layer_order(model)
+    graph = LayerGraph.from_model(model)
+    names = tuple(n.name for n in graph.nodes)
     total = sum(s.num_layers for s in specs)
     if total != len(names) or any(s.num_layers < 1 for s in specs):
         raise ValueError(
@@ -53,7 +54,7 @@ def manual_plan(model, stages: Sequence[StageSpec | tuple], n_m: int, batch_size
         first = last + 1
     return Plan(model_name=model.name, batch_size=batch_size, n_m=n_m,
                 optimizer_slots=optimizer_slots, stages=tuple(out), num_layers=len(names),
-                solver="manual")
+                solver="manual", notes=graph.notes)
 
 
 def even_plan(model, tf_devices: Sequence[str], n_m: int, batch_size: int = 0,

@@ -30,3 +30,17 @@ def test_plan_on_the_paper_cluster_reports_a_too_small_cluster():
     proc = run_binary("benchmarks.plan", "--cluster=paper", "--model=mlp",
                       "--devices=TITAN_V,TITAN_V,TITAN_V,TITAN_V,TITAN_V")
     assert proc.returncode != 0 and "no (further) device of type TITAN_V" in proc.stderr
+
+
+def test_plan_cuts_inside_a_nested_backbone_and_names_the_inner_layers(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = run_binary("benchmarks.plan", "--model=gpt_decoder", "--input_size=16",
+                      "--num_classes=64", "--devices=TITAN_V,TITAN_RTX,RTX_2060,QUADRO_P4000",
+                      "--batch_size=8", f"--output_json={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = Plan.load(str(out))
+    assert plan.num_stages == 4
+    # Every stage but the last ends inside the backbone, at an inner layer named by its path.
+    ends = [s.layer_names[-1] for s in plan.stages[:-1]]
+    assert all(e.startswith("gpt_backbone/") for e in ends)
+    assert "cuts after: " + " | ".join(ends) in proc.stdout

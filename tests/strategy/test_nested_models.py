@@ -119,3 +119,25 @@ def test_a_plan_splitting_tied_weights_is_refused_before_training():
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     assert_weights_close(model.get_weights(), w0, atol=0)
     strategy.close()
+
+
+def test_gpt_style_decoder_split_in_four_equals_plain_keras():
+    from hetpipe_tf.models import gpt_decoder
+
+    def build():
+        keras.utils.set_random_seed(5)
+        return gpt_decoder(sequence_length=8, vocabulary_size=32, num_layers=2, width=16,
+                           heads=2)
+
+    rs = np.random.RandomState(1)
+    tokens = rs.randint(0, 32, (32, 9)).astype("int32")
+    x, y = tokens[:, :-1], tokens[:, 1:]            # next-token prediction
+    plan = lambda m: even_plan(m, DEVICES[:4], n_m=1)  # noqa: E731
+    model, ref, hist, ref_hist, strategy = _fit_both(
+        build, plan, x, y, lambda: keras.optimizers.Adam(1e-3), epochs=1,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ends = [s.layer_names[-1] for s in strategy.plan.stages[:-1]]
+    assert all(e.startswith("gpt_backbone/transformer_layer_") for e in ends), ends
+    assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-5)
+    np.testing.assert_allclose(hist.history["loss"], ref_hist.history["loss"], rtol=1e-5)
+    strategy.close()

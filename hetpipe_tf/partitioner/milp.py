@@ -1,8 +1,15 @@
-"""The HetPipe partitioning MILP (Section 7), solved with scipy.optimize.milp (HiGHS).
+"""The HetPipe partitioning problem (Section 7): the planner's entry points and the MILP.
 
 For a virtual worker of k devices, split the layer graph's L nodes into k contiguous stages
 and place them on the devices in some order, minimising the slowest stage's time (compute +
 receiving activations + receiving gradients) while every stage fits its device's memory.
+
+Two exact methods (`SolverOptions.method`): the default solves it with `dp` (bisection on
+the slowest stage's time, each step a DP over cuts and device-class counts, which chooses
+the order too; see dp.py), when its tables are small enough (`dp_max_work`: few device
+classes, as clusters of 2-4 GPU types have); otherwise, or with Method.MILP, the MILP below
+with scipy.optimize.milp (HiGHS). The overflow diagnosis of an infeasible instance always
+uses the MILP.
 
 Formulation for one device order: binary b[j, c] = 1 when stage j's last node is c
 (boundaries j = 0..k-2, cuts c = 0..L-2), one cut per boundary, cuts strictly increasing
@@ -22,6 +29,7 @@ variables outside the windows are fixed to 0. Later orders need only beat the in
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import math
 import time
@@ -32,7 +40,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from hetpipe_tf.partitioner.comm import CommModel
+from hetpipe_tf.partitioner import dp
 from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
+from hetpipe_tf.partitioner.dp import device_classes
 from hetpipe_tf.partitioner.plan import PartitionError, Plan, StagePlan
 
 
@@ -51,11 +61,24 @@ class SolverError(PartitionError):
     whether a layout fits, which is not the same as none fitting."""
 
 
+class Method(enum.Enum):
+    """Which exact method plans: DP when its tables are small enough (AUTO), or always one."""
+
+    AUTO = "auto"
+    DP = "dp"
+    MILP = "milp"
+
+
 @dataclasses.dataclass(frozen=True)
 class SolverOptions:
     """Knobs of the solver; the defaults solve every order exactly."""
 
-    max_enumerated_orders: int = 120   # more distinct orders -> assignment MILP
+    method: Method = Method.AUTO
+    # AUTO uses the DP while one DP check touches at most this many cells (class-count
+    # vectors x classes^2 x layers, `dp.work_estimate`); 16 devices in 4 classes of 4 over
+    # 1000 layers are 1e7 (~4 s here), 16 distinct classes would be 2.6e11 (MILP then).
+    dp_max_work: int = 20_000_000
+    max_enumerated_orders: int = 120   # MILP: more distinct orders -> assignment MILP
     time_limit_s: float | None = None  # budget of one search over all orders; None = optimal
     mip_rel_gap: float = 1e-6
     usable_fraction: float = 0.9       # share of device memory a stage may use
@@ -64,15 +87,21 @@ class SolverOptions:
     # models and layouts still fit (re-checked), but may not be optimal.
     presolve: bool = False
 
+    def __post_init__(self) -> None:
+        try:   # the value's name ("dp") is accepted too, e.g. from a flag
+            object.__setattr__(self, "method", Method(self.method))
+        except ValueError:
+            raise ValueError(f"Unknown planning method. Received: method={self.method!r}; "
+                             f"use one of {[m.value for m in Method]}.") from None
+        if isinstance(self.dp_max_work, bool) or not isinstance(self.dp_max_work, int) \
+                or self.dp_max_work < 0:
+            raise ValueError(f"dp_max_work must be an int >= 0. Received: "
+                             f"dp_max_work={self.dp_max_work!r}; e.g. 20_000_000.")
 
-def device_classes(devices: Sequence[Any]) -> list[list[Any]]:
-    """Interchangeable devices grouped, in first-seen order: same type, host (PCIe or
-    network to the neighbours), emulated speed and memory."""
-    groups: dict[tuple, list[Any]] = {}
-    for d in devices:
-        key = (d.type_name, d.host, d.emulated_speed_factor, d.memory_bytes)
-        groups.setdefault(key, []).append(d)
-    return list(groups.values())
+    def uses_dp(self, devices: Sequence[Any], num_layers: int) -> bool:
+        if self.method is Method.AUTO:
+            return dp.work_estimate(devices, num_layers) <= self.dp_max_work
+        return self.method is Method.DP
 
 
 def distinct_orders(devices: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
@@ -420,6 +449,25 @@ def _check_inputs(profile: Any, devices: Sequence[Any], n_m: int) -> None:
             f"{len(devices)} devices; use fewer devices per virtual worker.")
 
 
+def _search_dp(cm: CostModel, devices: Sequence[Any], opts: SolverOptions, objective: str
+               ) -> tuple[_Best | None, str]:
+    """The DP's layout over every order (dp.py), and what `Plan.solver` says of it."""
+    deadline = (time.perf_counter() + opts.time_limit_s if opts.time_limit_s is not None
+                else None)
+    found = dp.solve(cm, devices, feasibility_only=objective == "feasible", deadline=deadline)
+    if found is None:
+        return None, "dp (no layout fits memory)"
+    if objective == "feasible":
+        solver = "dp (feasibility)"
+    elif found.proven:
+        solver = f"dp (bisection on the bottleneck, {found.checks} DP checks): optimal"
+    else:
+        solver = (f"dp (time limit reached, best layout found; the optimum is >= "
+                  f"{found.lower:.9g} s)")
+    value = 0.0 if objective == "feasible" else found.value
+    return _Best(value, found.cuts, found.order), solver
+
+
 def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
             objective: str = "time") -> tuple[_Best | None, int, str]:
     """Best (cuts, order) over all distinct orders; also how many orders and which solver."""
@@ -432,6 +480,9 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
             return None, 1, "single stage"
         return _Best(value, (), tuple(devices)), 1, "single stage"
     n_orders = count_distinct_orders(devices)
+    if objective in ("time", "feasible") and opts.uses_dp(devices, cm.num_layers):
+        best, solver = _search_dp(cm, devices, opts, objective)
+        return best, n_orders, solver
     many = n_orders > opts.max_enumerated_orders
     if many and objective in ("time", "feasible"):
         # Feasibility too: the assignment MILP's optimum exists iff some layout fits.

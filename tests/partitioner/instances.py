@@ -46,6 +46,30 @@ def random_instance(seed: int, num_layers: int, num_devices: int, *, memory_scal
     return profile, devices, cluster
 
 
+def clustered_instance(seed: int, num_layers: int, class_sizes: tuple[int, ...], *,
+                       memory_scale: float = 1.0):
+    """(profile, devices, cluster) whose devices come in classes of interchangeable ones
+    (same type, host, speed and memory), `class_sizes[g]` devices in class g; classes may
+    share a host (PCIe between them) or not (network)."""
+    rng = np.random.default_rng(seed)
+    profile, _, _ = random_instance(seed, num_layers, 1)
+    hosts: dict[str, list[Device]] = {}
+    for g, size in enumerate(class_sizes):
+        host = f"h{int(rng.integers(0, 2))}"
+        kind = dict(type_name=str(rng.choice(TYPES)), host=host,
+                    emulated_speed_factor=float(rng.choice([1.0, 0.5])),
+                    memory_bytes=int(rng.integers(300_000, 3_000_000) * memory_scale))
+        for i in range(size):
+            n = sum(len(v) for v in hosts.values())
+            hosts.setdefault(host, []).append(
+                Device(name=f"c{g}d{i}", tf_device=f"/device:CPU:{n}", **kind))
+    cluster = Cluster(hosts=tuple(Host(name=h, devices=tuple(ds), intra_bandwidth=15.75e9)
+                                  for h, ds in hosts.items()),
+                      inter_bandwidth=7e9)
+    devices = [d for h in cluster.hosts for d in h.devices]
+    return profile, devices, cluster
+
+
 def exhaustive_best(profile, devices, cluster, n_m, optimizer_slots=0, usable_fraction=0.9):
     """The independent reference: every order and every set of cuts, cost by CostModel."""
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,

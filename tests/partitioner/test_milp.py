@@ -10,8 +10,9 @@ from hetpipe_tf.partitioner.cost import CostModel
 from hetpipe_tf.partitioner.plan import PartitionError
 from tests.partitioner.instances import exhaustive_best, random_instance
 
-EXACT = milp.SolverOptions(mip_rel_gap=0.0)
-ASSIGN = milp.SolverOptions(mip_rel_gap=0.0, max_enumerated_orders=0)
+DP = milp.SolverOptions(method=milp.Method.DP)
+EXACT = milp.SolverOptions(method=milp.Method.MILP, mip_rel_gap=0.0)
+ASSIGN = milp.SolverOptions(method=milp.Method.MILP, mip_rel_gap=0.0, max_enumerated_orders=0)
 
 
 def _value(profile, devices, cluster, n_m, options, slots=0):
@@ -33,7 +34,7 @@ def test_milp_optimum_equals_exhaustive_search(seed, num_layers, num_devices, n_
     profile, devices, cluster = random_instance(seed, num_layers, num_devices,
                                                 memory_scale=memory_scale)
     reference = exhaustive_best(profile, devices, cluster, n_m, slots)
-    for options in (EXACT, ASSIGN):
+    for options in (DP, EXACT, ASSIGN):
         value, plan = _value(profile, devices, cluster, n_m, options, slots)
         if reference is None:
             assert value is None, f"MILP found {value} where nothing fits ({options})"
@@ -158,21 +159,25 @@ def test_cut_windows_never_exclude_the_optimum():
         assert np.all(lo <= cuts) and np.all(cuts <= hi)
 
 
-def test_time_budget_keeps_the_best_layout_found():
+@pytest.mark.parametrize("method", [milp.Method.MILP, milp.Method.DP])
+def test_time_budget_keeps_the_best_layout_found(method):
     profile, devices, cluster = random_instance(9, 30, 4, memory_scale=100.0)
     # A budget too small for every order: the heuristic incumbent (or better) comes back,
-    # marked, and it is a valid layout.
+    # marked, and it is a valid layout (the DP: its first layout, before any bisection).
     plan = milp.solve(profile, devices, 1, cluster=cluster,
-                      options=milp.SolverOptions(time_limit_s=1e-9))
+                      options=milp.SolverOptions(method=method, time_limit_s=1e-9))
     assert "time limit reached" in plan.solver
-    exact = milp.solve(profile, devices, 1, cluster=cluster)
+    assert all(s.memory_bytes <= s.memory_available for s in plan.stages)
+    exact = milp.solve(profile, devices, 1, cluster=cluster,
+                       options=milp.SolverOptions(method=method))
     assert plan.predicted_stage_time_s >= exact.predicted_stage_time_s * (1 - 1e-9)
     assert "time limit" not in exact.solver
 
 
 def test_assignment_out_of_time_returns_the_greedy_layout():
     profile, devices, cluster = random_instance(9, 30, 4, memory_scale=100.0)
-    options = milp.SolverOptions(max_enumerated_orders=0, time_limit_s=1e-9)
+    options = milp.SolverOptions(method=milp.Method.MILP, max_enumerated_orders=0,
+                                 time_limit_s=1e-9)
     plan = milp.solve(profile, devices, 1, cluster=cluster, options=options)
     assert "time limit reached, greedy layout" in plan.solver
     assert all(s.memory_bytes <= s.memory_available for s in plan.stages)

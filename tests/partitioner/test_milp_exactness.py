@@ -12,11 +12,14 @@ from tests.partitioner.instances import exhaustive_best, random_instance
 from tests.partitioner.knife_edge import knife_edge_instance
 
 # usable_fraction 1.0: a device's usable memory is exactly its memory_bytes.
-EXACT = milp.SolverOptions(mip_rel_gap=0.0, usable_fraction=1.0)
-ASSIGN = milp.SolverOptions(mip_rel_gap=0.0, usable_fraction=1.0, max_enumerated_orders=0)
+DP = milp.SolverOptions(method=milp.Method.DP, usable_fraction=1.0)
+EXACT = milp.SolverOptions(method=milp.Method.MILP, mip_rel_gap=0.0, usable_fraction=1.0)
+ASSIGN = milp.SolverOptions(method=milp.Method.MILP, mip_rel_gap=0.0, usable_fraction=1.0,
+                            max_enumerated_orders=0)
 # HiGHS' presolve may miss the optimum at the knife edge, but never returns a layout that
 # does not fit: the exact re-check holds whatever the solver does.
-PRESOLVE = milp.SolverOptions(mip_rel_gap=0.0, usable_fraction=1.0, presolve=True)
+PRESOLVE = milp.SolverOptions(method=milp.Method.MILP, mip_rel_gap=0.0, usable_fraction=1.0,
+                              presolve=True)
 
 
 def _fits_exactly(plan, profile, devices, cluster, n_m, slots):
@@ -28,11 +31,12 @@ def _fits_exactly(plan, profile, devices, cluster, n_m, slots):
 
 
 def _check_against_exhaustive(profile, devices, cluster, n_m, slots, witness=None):
-    """Both solvers agree with the exhaustive optimum, and every plan fits in exact bytes."""
+    """The DP and both MILPs agree with the exhaustive optimum, and every plan fits in exact
+    bytes."""
     reference = exhaustive_best(profile, devices, cluster, n_m, slots, usable_fraction=1.0)
     if witness is not None:
         assert reference is not None    # the witness layout fits by construction
-    for options in (EXACT, ASSIGN):
+    for options in (DP, EXACT, ASSIGN):
         try:
             plan = milp.solve(profile, devices, n_m, cluster=cluster, optimizer_slots=slots,
                               options=options)

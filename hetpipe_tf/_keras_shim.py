@@ -100,7 +100,8 @@ def nested_inputs(functional: keras.Model, args: tuple, kwargs: dict) -> tuple[l
     with them than hand them on (convert a dtype, adjust a rank, apply a mask, ...)."""
     kwargs = dict(kwargs)
     kwargs.pop("training", None)  # Functional.call passes the caller's training on, as we do
-    if kwargs.get("mask", None) is None:
+    # Layer.__call__ records the inputs' Keras masks (a structure of None when there are none).
+    if all(m is None for m in keras.tree.flatten(kwargs.get("mask", None))):
         kwargs.pop("mask", None)
     if "inputs" in kwargs and not args:
         args = (kwargs.pop("inputs"),)

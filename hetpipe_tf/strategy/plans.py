@@ -65,10 +65,11 @@ def even_plan(model, tf_devices: Sequence[str], n_m: int, batch_size: int = 0,
     n, k = len(graph), len(tf_devices)
     allowed = [c for c in range(n - 1) if graph.allowed_cut(c)]
     if k - 1 > len(allowed):
+        why = (" (a shared layer's calls stay in one stage)" if len(allowed) < n - 1 else "")
         raise ValueError(
             f"More stages than the model can be split into. Received: {k} devices, {n} "
-            f"layers with {len(allowed)} allowed cuts (a shared layer's calls stay in one "
-            f"stage); use at most {len(allowed) + 1} devices.")
+            f"layers with {len(allowed)} allowed cuts{why}; use at most {len(allowed) + 1} "
+            "devices.")
     sizes = [n // k + (1 if j < n % k else 0) for j in range(k)]
     cuts = _nearest_allowed(list(itertools.accumulate(sizes))[:-1], allowed)
     sizes = [b - a for a, b in zip([-1, *cuts], [*cuts, n - 1])]

@@ -164,6 +164,29 @@ def test_nested_open_dimension_is_defined_by_the_outer_input():
     assert [n.output_shapes for n in graph.nodes] == [((7, 4),), ((7, 6),), ((42,),), ((1,),)]
 
 
+def test_nested_model_with_dict_inputs_is_inlined():
+    # As keras_hub backbones are called: a dict of named inputs (Keras records a mask
+    # structure of None for it).
+    t = keras.Input((5,), dtype="int32", name="token_ids")
+    m = keras.Input((5,), dtype="int32", name="padding_mask")
+    e = L.Embedding(20, 4, name="emb")(t)
+    gate = L.Reshape((5, 1), name="gate")(keras.ops.cast(m, "float32"))
+    backbone = keras.Model({"token_ids": t, "padding_mask": m},
+                           L.Multiply(name="masked")([e, gate]), name="bb")
+    ot = keras.Input((5,), dtype="int32", name="token_ids")
+    om = keras.Input((5,), dtype="int32", name="padding_mask")
+    h = backbone({"padding_mask": om, "token_ids": ot})
+    model = keras.Model({"token_ids": ot, "padding_mask": om},
+                        L.Dense(1, name="head")(L.Flatten(name="flat")(h)))
+    graph = LayerGraph.from_model(model)
+    assert graph.notes == ()
+    assert [n.name for n in graph.nodes if n.name.startswith("bb/")][-1] == "bb/masked"
+    v = {"token_ids": np.arange(10, dtype="int32").reshape(2, 5),
+         "padding_mask": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], "int32")}
+    np.testing.assert_allclose(graph.run([v[k.name] for k in model.inputs])[0], model(v),
+                               rtol=1e-6)
+
+
 def test_subclassed_nested_model_stays_one_node_and_says_why():
     class Block(keras.Model):
         def __init__(self):

@@ -209,7 +209,11 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if self.plan is not None:
             for s in self.plan.stages:
                 for name in s.layer_names:
-                    self._device_of_layer[name] = s.tf_device
+                    # A nested model's layer "backbone/block/dense" builds its variables
+                    # under a name scope ending in "dense" (or "block/dense"): any suffix.
+                    parts = name.split("@")[0].split("/")
+                    for i in range(len(parts)):
+                        self._device_of_layer.setdefault("/".join(parts[i:]), s.tf_device)
         self._last_stage_device = (self.plan.stages[-1].tf_device if self.plan is not None
                                    else None)
         self.pipelines: dict[int, _Training] = {}
@@ -230,9 +234,12 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         return self._last_stage_device or self._host
 
     def _device_for_scope(self, scope: str) -> str:
-        for part in reversed(scope.split("/")):
-            if part in self._device_of_layer:
-                return self._device_of_layer[part]
+        parts = scope.split("/")
+        for end in range(len(parts), 0, -1):   # the innermost layer scope first
+            for start in range(end):           # its longest path first
+                key = "/".join(parts[start:end])
+                if key in self._device_of_layer:
+                    return self._device_of_layer[key]
         return self._fallback_device
 
     @contextlib.contextmanager

@@ -76,3 +76,22 @@ def test_explicit_plan_places_variables_and_slots_on_stage_devices():
         assert _dev(keras_shim.variable_handle(slot)) == 0, slot.path
     assert rt.completed == 4
     strategy.close()
+
+
+def test_variables_of_a_nested_model_go_to_their_stage_device():
+    from tests.strategy.helpers import nested_model
+    # Plans name the inner layers by path ("backbone/blk1/blk1_a"); the variables are built
+    # under the inner layer's own name scope. Stage 0 = blk1 and s1, stage 1 = the rest.
+    plan = manual_plan(nested_model(), [StageSpec(DEVICES[1], 4), StageSpec(DEVICES[2], 6)],
+                       n_m=1)
+    strategy = HetPipeStrategy(plan=plan)
+    with strategy.scope():
+        model = nested_model()
+    want = {"blk1_a": 1, "blk1_b": 1, "s1": 1, "s2": 2, "blk2_a": 2, "blk2_b": 2, "head": 2}
+    seen = set()
+    for layer in keras_shim.all_layers(model):
+        for v in layer.weights if layer.name in want else ():
+            assert _dev(keras_shim.variable_handle(v)) == want[layer.name], v.path
+            seen.add(layer.name)
+    assert seen == set(want)
+    strategy.close()

@@ -141,3 +141,66 @@ def test_gpt_style_decoder_split_in_four_equals_plain_keras():
     assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-5)
     np.testing.assert_allclose(hist.history["loss"], ref_hist.history["loss"], rtol=1e-5)
     strategy.close()
+
+
+def test_two_virtual_workers_split_inside_a_nested_backbone_like_synchronous_dp():
+    """2 VWs x 2 stages, D = 0, N_m = 1: each clock both VWs train one minibatch at the same
+    weights and w_global gets the sum of their updates (synchronous data-parallel SGD)."""
+    import tensorflow as tf
+    lr, n = 0.05, 64
+    x, y = regression_data(n)
+    probe = nested_model()
+    plans = [even_plan(probe, DEVICES[0:2], n_m=1), even_plan(probe, DEVICES[2:4], n_m=1)]
+    strategy = HetPipeStrategy(plan=plans, clock_distance=0)
+    with strategy.scope():
+        model = nested_model()
+        model.compile(keras.optimizers.SGD(lr), "mse")
+    w = model.get_weights()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    coord = strategy.coordinator(model)
+    batches = [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, n, BATCH)]
+    for c in range(n // BATCH // 2):
+        total = [np.zeros_like(a) for a in w]
+        for v in range(2):
+            bx, by = batches[coord.assignment[v][c]]
+            probe.set_weights(w)
+            with tf.GradientTape() as tape:
+                loss = keras.losses.MeanSquaredError()(by, probe(bx, training=True))
+            grads = tape.gradient(loss, probe.trainable_variables)
+            total = [t - lr * g.numpy() for t, g in zip(total, grads)]
+        w = [a + t for a, t in zip(w, total)]
+    assert_weights_close(model.get_weights(), w)
+    strategy.close()
+
+
+class _Doubler(keras.Model):
+    """A subclassed model with a Python call: no graph to look into."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = keras.layers.Dense(8, activation="tanh",
+                                        kernel_initializer=keras.initializers.GlorotUniform(1))
+
+    def call(self, x):
+        return self.inner(x) * 2.0
+
+
+def test_a_subclassed_nested_model_trains_as_one_node_and_the_plan_says_why():
+    def build():
+        x = keras.Input((8,))
+        h = _Doubler(name="doubler")(x)
+        h = keras.layers.Dense(8, activation="tanh",
+                               kernel_initializer=keras.initializers.GlorotUniform(2),
+                               name="mid")(h)
+        return keras.Model(x, keras.layers.Dense(
+            1, kernel_initializer=keras.initializers.GlorotUniform(3), name="out")(h))
+
+    x, y = regression_data(64)
+    plan = lambda m: even_plan(m, DEVICES[:3], n_m=1)  # noqa: E731
+    model, ref, hist, ref_hist, strategy = _fit_both(
+        build, plan, x, y, lambda: keras.optimizers.SGD(0.05))
+    table = strategy.plan.table()
+    assert "note: nested model doubler stays one node" in table and "subclassed" in table
+    assert [s.layer_names for s in strategy.plan.stages] == [("doubler",), ("mid",), ("out",)]
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    strategy.close()

@@ -113,7 +113,9 @@ def _per_sample_shape(tensor: Any, where: str) -> tuple[int, ...]:
         raise ValueError(
             f"The layer graph needs fully defined per-sample shapes. Received: {where} "
             f"shape={tuple(tensor.shape)}; give keras.Input a shape without None "
-            "(besides the batch dimension)."
+            "(besides the batch dimension), or, for a model you cannot rebuild (a keras_hub "
+            "task), use it as a layer of one that fixes the shape: "
+            "x = keras.Input((seq_len,), dtype=...); keras.Model(x, model(x))."
         )
     return tuple(int(dim) for dim in shape)
 

@@ -35,8 +35,9 @@ def heuristic_layout(cm: CostModel, devices: Sequence[Any]
 
 
 def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOptions"
-                     ) -> tuple[float, list[int], list[Any]] | None:
-    """(best time, cuts, device order) over all orders and cuts, or None if nothing fits."""
+                     ) -> tuple[float, list[int], list[Any], bool] | None:
+    """(best time, cuts, device order, proven optimal) over all orders and cuts, or None if
+    nothing fits; proven is False when the time limit stopped HiGHS at an incumbent."""
     k, L = len(devices), cm.num_layers
     n = L - 1
     nb = (k - 1) * n
@@ -107,7 +108,7 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
         solution = _m._run_milp(c, b, integrality, bounds, opts)
         if solution is None:
             return None
-        x = np.round(solution)
+        x = np.round(solution.x)
         cuts = [int(np.argmax(x[_m._cut_vars(j, n)])) for j in range(k - 1)]
         chosen = [int(np.argmax([x[av(j, g)] for g in range(g_count)])) for j in range(k)]
         taken = [0] * g_count
@@ -126,4 +127,4 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
             _m._no_good_row(b, j, k, n, first, last, extra=smaller)
     # Report the exact cost of the chosen layout, not the big-M relaxation's T.
     value = max(c.time_s for c in cm.evaluate(cuts, order))
-    return value, cuts, order
+    return value, cuts, order, solution.optimal

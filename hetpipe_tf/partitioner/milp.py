@@ -291,8 +291,14 @@ def _fix_outside_windows(upper: np.ndarray, windows: tuple[np.ndarray, np.ndarra
         row[hi + 1:] = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class _Solution:
+    x: np.ndarray
+    optimal: bool    # False: the time limit stopped HiGHS at this incumbent (no proof)
+
+
 def _run_milp(c: np.ndarray, rows: _Builder, integrality: np.ndarray, bounds: Bounds,
-              opts: SolverOptions) -> np.ndarray | None:
+              opts: SolverOptions) -> _Solution | None:
     """scipy.optimize.milp with the options' gap and budget; None only when HiGHS proved the
     model infeasible, TimeLimitReached when the budget ran out before any solution, and
     SolverError when both presolve settings ended in a solver error."""
@@ -307,7 +313,7 @@ def _run_milp(c: np.ndarray, rows: _Builder, integrality: np.ndarray, bounds: Bo
         res = milp(c, constraints=constraint, integrality=integrality, bounds=bounds,
                    options=options)
         if res.status == 0 or (res.status == _HIGHS_LIMIT and res.x is not None):
-            return res.x
+            return _Solution(res.x, res.status == 0)
         if res.status == _HIGHS_LIMIT:
             raise TimeLimitReached()
         if res.status == _HIGHS_INFEASIBLE:
@@ -348,8 +354,9 @@ def overflowing_stages(cm: CostModel, cuts: Sequence[int], order: Sequence[Any]
 
 
 def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: SolverOptions,
-                 objective: str = "time") -> tuple[float, list[int]] | None:
-    """Best cuts for one device order, or None when infeasible (or not better than `upper`).
+                 objective: str = "time") -> tuple[float, list[int], bool] | None:
+    """Best cuts for one device order, or None when infeasible (or not better than `upper`);
+    the flag is False when the time limit stopped HiGHS before it proved the cuts optimal.
 
     objective "time": minimise the slowest stage. "feasible": any partition that fits.
     "overflow": minimise the largest memory overflow in bytes (for diagnosing infeasibility).
@@ -403,10 +410,10 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
         solution = _run_milp(c, b, np.r_[np.ones(nb), 0], bounds, opts)
         if solution is None:
             return None
-        x = np.round(solution[:nb]).reshape(k - 1, n) if nb else np.zeros((0, n))
+        x = np.round(solution.x[:nb]).reshape(k - 1, n) if nb else np.zeros((0, n))
         cuts = [int(np.argmax(row)) for row in x]
         if objective == "overflow":
-            return float(solution[t_var]), cuts
+            return float(solution.x[t_var]), cuts, solution.optimal
         # HiGHS' feasibility tolerance could let a layout overflow by a few bytes (it did
         # with rows scaled by the capacity). Re-check exactly; forbid each overflowing stage
         # (and every longer one with its start) and solve again. Each round removes the
@@ -418,7 +425,7 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
             _no_good_row(b, j, k, n, first, last)
     # The exact cost of the layout, not the solver's T (which carries its tolerances).
     value = max(cost.time_s for cost in cm.evaluate(cuts, order)) if objective == "time" else 0.0
-    return value, cuts
+    return value, cuts, solution.optimal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -502,7 +509,9 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
             solver += " (solver error, greedy layout)"
         if found is None:
             return None, n_orders, solver
-        value, cuts, order = found
+        value, cuts, order = found[:3]
+        if len(found) > 3 and not found[3]:   # HiGHS stopped at an incumbent, unproven
+            solver += " (time limit reached, best layout found)"
         return _Best(value, tuple(cuts), tuple(order)), n_orders, solver
     best: _Best | None = None
     # The overflow diagnosis looks at no more orders than the solver would enumerate.
@@ -539,11 +548,14 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
             continue
         if found is None:
             continue
-        value, cuts = found
+        value, cuts, optimal = found
         if objective == "feasible":
             return _Best(value, tuple(cuts), order), n_orders, solver
         if best is None or value < best.value:
             best = _Best(value, tuple(cuts), order)
+        if not optimal:     # HiGHS stopped at an incumbent: out of budget, unproven
+            solver += " (time limit reached, best layout found)"
+            break
     if errors:
         if best is None:   # no layout, but the failed orders might have had one
             raise SolverError(

@@ -15,14 +15,20 @@ against the simulator's prediction for the same --steps minibatches from empty:
                    "machine ceiling"); on this 2-core VM two busy logical devices slow
                    each other down, which the per-device cost model cannot know;
   sim(trace):      the task durations measured in the run's own trace (median per stage
-                   and kind): checks the schedule model alone, free of cost-model error.
-  sim(plan x c + u): sim(plan x c) with u, the median time of the runtime's per-minibatch
-                   update (optimizer step + weight snapshot) MEASURED in the same run,
-                   added to stage 0's backward: on one VW it runs on stage 0's thread and
-                   no task span or cost model contains it (a labelled measured input).
-  sim(plan x c_eff + u): contention only while devices compute at once: c_eff =
+                   and kind) with the MODELLED updates: checks the schedule model; the
+                   trace has no update spans (stage 0's runs outside every task, the other
+                   stages' apply tasks are not traced).
+  sim(plan x c_eff): contention only while devices compute at once: c_eff =
                    1 + (c - 1) f, f = the fraction of busy time during which another device
                    is busy too, read off the same simulation at c = 1 (`overlap_fraction`).
+
+Every simulation charges each stage its MODELLED update (optimizer step + next weight
+snapshot, `LayerCost.update_s` profiled per layer with the run's optimizer, summed over
+the stage's layers: `sim.model.stage_update_times`), where the runtime runs it: stage 0
+after the minibatch's backward, the other stages as an apply task. Not divided by the
+emulated speed factor: the runtime's emulation slows tasks only, not the update. Beside
+it, u0 model vs u0 measured: stage 0's modelled update and the median of the runtime's
+own measurement of it (`update_s`) in the same run.
 
 Then TWO virtual workers (`--sim_vws`): one stage each, on the 2 logical devices (one
 EMULATED at 0.5x), data parallel through parameter servers under WSP (one PS per host,
@@ -117,10 +123,13 @@ def _trace_times(trace, k: int) -> tuple[list[float], list[float]]:
     return fwd, bwd
 
 
-def _with_update(vw, update_s: float):
-    """`vw` with `update_s` more on stage 0's backward (where one VW's update runs)."""
-    first = dataclasses.replace(vw.stages[0], backward_s=vw.stages[0].backward_s + update_s)
-    return dataclasses.replace(vw, stages=(first, *vw.stages[1:]))
+def _profile(keras, model, cluster, batch_size: int):
+    """The planner's profile of `model`, with the update of the runs' optimizer."""
+    from hetpipe_tf.partitioner.planner import measurable_devices
+    from hetpipe_tf.partitioner.profile import profile_model
+    return profile_model(model, batch_size, sorted({d.type_name for d in cluster.devices}),
+                         measure_on=measurable_devices(cluster.devices),
+                         optimizer=keras.optimizers.SGD(1e-3))
 
 
 def _table(rows) -> None:
@@ -140,9 +149,12 @@ def _two_virtual_workers(pb, keras, ds, cluster, ceiling, steps, repeats, nms, d
     from hetpipe_tf.sim.engine import simulate
     from hetpipe_tf.sim.model import SimConfig, from_plan
 
+    from hetpipe_tf.sim.model import stage_update_times
+
     vws = [[d] for d in cluster.devices]
-    first = plan_model(pb._build(keras, "planned2"), cluster, pb._BATCH_SIZE.value,
-                       devices=vws[0], n_m=1)
+    model = pb._build(keras, "planned2")
+    first = plan_model(model, cluster, pb._BATCH_SIZE.value, devices=vws[0], n_m=1,
+                       profile=_profile(keras, model, cluster, pb._BATCH_SIZE.value))
     rows = [("N_m", "D", "measured", "sim(plan)", "ratio", f"sim(plan x {ceiling:.2f})",
              "ratio", "f", "sim(plan x c_eff)", "ratio")]
     for n_m in nms:
@@ -155,7 +167,9 @@ def _two_virtual_workers(pb, keras, ds, cluster, ceiling, steps, repeats, nms, d
             def run(scale):
                 return simulate([from_plan(p, cluster, name=f"vw{w}", compute_scale=scale,
                                            ps={j: [(t.ps_host, t.bytes) for t in st]
-                                               for j, st in enumerate(ps[w])})
+                                               for j, st in enumerate(ps[w])},
+                                           update_s=stage_update_times(
+                                               p, first.profile, emulated=False))
                                  for w, p in enumerate(plans)], cfg, cluster)
 
             base = run(1.0)
@@ -183,7 +197,7 @@ def main(argv: list[str]) -> None:
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.partitioner.planner import plan_model
     from hetpipe_tf.sim.engine import simulate
-    from hetpipe_tf.sim.model import SimConfig, VirtualWorker, from_plan
+    from hetpipe_tf.sim.model import SimConfig, VirtualWorker, from_plan, stage_update_times
 
     steps, repeats = _SIM_STEPS.value, _SIM_REPEATS.value
     ds = pb._dataset(tf, np)
@@ -198,12 +212,17 @@ def main(argv: list[str]) -> None:
                              [int(v) for v in _SIM_D.value])
     if "1" not in _SIM_VWS.value:
         return
-    plan = plan_model(pb._build(keras, "planned"), cluster, pb._BATCH_SIZE.value,
-                      n_m=max(nms)).plan
+    model = pb._build(keras, "planned")
+    result = plan_model(model, cluster, pb._BATCH_SIZE.value, n_m=max(nms),
+                        profile=_profile(keras, model, cluster, pb._BATCH_SIZE.value))
+    plan = result.plan
+    upd = stage_update_times(plan, result.profile, emulated=False)
     print(plan.table())
+    print("modelled update per stage (ms, optimizer SGD, not emulated): "
+          + ", ".join(f"{u * 1e3:.1f}" for u in upd))
     rows = [("N_m", "measured", "sim(plan)", "ratio", f"sim(plan x {ceiling:.2f})", "ratio",
-             "sim(trace)", "ratio", "u ms", f"sim(plan x {ceiling:.2f} + u)", "ratio", "f",
-             "sim(plan x c_eff + u)", "ratio")]
+             "sim(trace)", "ratio", "f", "sim(plan x c_eff)", "ratio", "u0 model ms",
+             "u0 measured ms")]
     for n_m in nms:
         p = dataclasses.replace(plan, n_m=n_m)
         measured, trace, update_s = _measure(pb, keras, ds, p, steps, repeats)
@@ -211,25 +230,23 @@ def main(argv: list[str]) -> None:
         cfg = SimConfig(n_m=n_m, num_waves=waves)
         preds = []
         for scale in (1.0, ceiling):
-            vw = from_plan(p, cluster, compute_scale=scale)
+            vw = from_plan(p, cluster, compute_scale=scale, update_s=upd)
             preds.append(simulate([vw], cfg, cluster).samples_per_s)
         fwd, bwd = _trace_times(trace, p.num_stages)
         vw = VirtualWorker("trace", tuple(
             dataclasses.replace(s, forward_s=f, backward_s=b)
-            for s, f, b in zip(from_plan(p, cluster).stages, fwd, bwd)), p.batch_size)
+            for s, f, b in zip(from_plan(p, cluster, update_s=upd).stages, fwd, bwd)),
+            p.batch_size)
         preds.append(simulate([vw], cfg, cluster).samples_per_s)
-        with_update = simulate([_with_update(from_plan(p, cluster, compute_scale=ceiling),
-                                             update_s)], cfg, cluster).samples_per_s
-        f = overlap_fraction(simulate([_with_update(from_plan(p, cluster), update_s)], cfg,
+        f = overlap_fraction(simulate([from_plan(p, cluster, update_s=upd)], cfg,
                                       cluster).events)
         c_eff = 1.0 + (ceiling - 1.0) * f
-        eff = simulate([_with_update(from_plan(p, cluster, compute_scale=c_eff), update_s)],
+        eff = simulate([from_plan(p, cluster, compute_scale=c_eff, update_s=upd)],
                        cfg, cluster).samples_per_s
         rows.append((str(n_m), f"{measured:.0f}",
                      *(x for pr in preds for x in (f"{pr:.0f}", f"{pr / measured:.2f}")),
-                     f"{update_s * 1e3:.1f}", f"{with_update:.0f}",
-                     f"{with_update / measured:.2f}", f"{f:.2f}", f"{eff:.0f}",
-                     f"{eff / measured:.2f}"))
+                     f"{f:.2f}", f"{eff:.0f}", f"{eff / measured:.2f}",
+                     f"{upd[0] * 1e3:.1f}", f"{update_s * 1e3:.1f}"))
         print(f"  N_m={n_m}: trace task medians fwd={[round(x * 1e3, 1) for x in fwd]} ms "
               f"bwd={[round(x * 1e3, 1) for x in bwd]} ms", flush=True)
     print("\nOne virtual worker of 2 stages:")

@@ -3,16 +3,25 @@
 One place computes what a stage costs, so the MILP's coefficients, the plan's reported
 figures, the tests' exhaustive search and the simulator all agree.
 
-Time of the stage at pipeline position j (one minibatch, forward + backward):
-    sum of its layers' times on the device's type / emulated speed factor
+Time of the stage at pipeline position j (one minibatch: forward + backward + update):
+    compute: sum of its layers' forward+backward times on the device's type
+    + update: sum of its layers' update times on that type (the optimizer step and the
+      next weight-version snapshot every stage makes per minibatch, `LayerCost.update_s`;
+      0 when the profile costs no update)
+    (both / the device's emulated speed factor)
     + receiving the activations that cross its first cut from position j-1 (forward)
     + receiving the gradients that cross its last cut from position j+1 (backward).
+`layer_time` (and so `prefix_time`, which the MILP is built from) is per layer compute +
+update, so the solver's objective includes the update through the per-layer figures.
 
-Memory of the stage at position j, holding `held(j)` minibatches (N_m for every position
-but the last, which runs forward and backward of a minibatch as one task and holds 1;
-upstream positions can hold all N_m in flight when a later stage is the bottleneck):
+Memory of the stage at position j, holding `held(j)` minibatches' activations (N_m for
+every position but the last, which runs forward and backward of a minibatch as one task
+and holds 1; upstream positions can hold all N_m in flight when a later stage is the
+bottleneck):
     weights + gradients + optimizer slots (per trainable byte)
-    + (held - 1) stashed versions of the trainable weights (one version is w_local)
+    + (N_m - 1) stashed versions of the trainable weights, at EVERY position (one version
+      is w_local; the last position too: the versions of the minibatches in flight wait
+      there until its task takes them; benchmarks/memory_benchmark.py, docs/memory.md)
     + held x (activations kept for backward + the received input activations).
 Usable memory is the device's memory times `usable_fraction` (framework workspace).
 """
@@ -66,16 +75,17 @@ def held_minibatches(position: int, num_stages: int, n_m: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class StageCost:
-    compute_s: float
+    compute_s: float          # forward + backward of the stage's layers
     recv_forward_s: float
     recv_backward_s: float
     memory_bytes: int
     memory_available: int
     held: int
+    update_s: float = 0.0     # the stage's per-minibatch update (optimizer + snapshot)
 
     @property
     def time_s(self) -> float:
-        return self.compute_s + self.recv_forward_s + self.recv_backward_s
+        return self.compute_s + self.update_s + self.recv_forward_s + self.recv_backward_s
 
     @property
     def fits(self) -> bool:
@@ -102,12 +112,15 @@ class CostModel:
         param = np.array([l.param_bytes for l in profile.layers], dtype=np.float64)
         trainable = np.array([l.trainable_param_bytes for l in profile.layers], dtype=np.float64)
         self.activation = np.array([l.activation_bytes for l in profile.layers], dtype=np.float64)
-        # Bytes a layer costs independent of minibatches held, and per extra minibatch held.
-        self.fixed_memory = param + trainable * (1 + optimizer_slots)
-        self.per_held_memory = trainable + self.activation
+        # Bytes a layer costs independent of minibatches held (weights, gradients, slots and
+        # the N_m - 1 stashed versions), and per extra minibatch held (its activations).
+        self.fixed_memory = param + trainable * (1 + optimizer_slots) + (n_m - 1) * trainable
+        self.per_held_memory = self.activation.copy()
+        self._compute_time: dict[str, np.ndarray] = {}
+        self._update_time: dict[str, np.ndarray] = {}
         self._layer_time: dict[str, np.ndarray] = {}
         for d in self.devices:
-            times = []
+            times, updates = [], []
             for layer in profile.layers:
                 if d.type_name not in layer.time_s:
                     raise ValueError(
@@ -115,12 +128,25 @@ class CostModel:
                         f"{d.name}). Received: profiled types={sorted(layer.time_s)}; profile "
                         "the model for every device type of the virtual worker.")
                 times.append(layer.time_s[d.type_name])
-            self._layer_time[d.name] = np.asarray(times, dtype=np.float64) / d.emulated_speed_factor
+                updates.append(layer.update_s.get(d.type_name, 0.0))
+            f = d.emulated_speed_factor
+            self._compute_time[d.name] = np.asarray(times, dtype=np.float64) / f
+            self._update_time[d.name] = np.asarray(updates, dtype=np.float64) / f
+            self._layer_time[d.name] = self._compute_time[d.name] + self._update_time[d.name]
         self.capacity = {d.name: int(cluster.memory_of(d) * usable_fraction) for d in self.devices}
 
     # --- arrays the MILP is built from --------------------------------------------------
     def layer_time(self, device: Any) -> np.ndarray:
+        """Per layer: forward+backward + update seconds on `device` (what a stage adds)."""
         return self._layer_time[device.name]
+
+    def layer_compute_time(self, device: Any) -> np.ndarray:
+        """Per layer: forward+backward seconds on `device`."""
+        return self._compute_time[device.name]
+
+    def layer_update_time(self, device: Any) -> np.ndarray:
+        """Per layer: seconds of its weights' per-minibatch update on `device`."""
+        return self._update_time[device.name]
 
     def prefix_time(self, device: Any) -> np.ndarray:
         """P[i] = time of nodes 0..i-1 on `device` (P[0] = 0, len L+1)."""
@@ -142,7 +168,8 @@ class CostModel:
         k = len(order)
         device = order[position]
         held = held_minibatches(position, k, self.n_m)
-        compute = float(self.layer_time(device)[first:last + 1].sum())
+        compute = float(self.layer_compute_time(device)[first:last + 1].sum())
+        update = float(self.layer_update_time(device)[first:last + 1].sum())
         recv_f = recv_b = 0.0
         memory = float(self.fixed_memory[first:last + 1].sum()
                        + (held - 1) * self.per_held_memory[first:last + 1].sum()
@@ -155,7 +182,7 @@ class CostModel:
             recv_b = self.comm.seconds(int(self.cut_bytes[last]), order[position + 1], device,
                                        self.cluster)
         return StageCost(compute, recv_f, recv_b, int(round(memory)),
-                         self.capacity[device.name], held)
+                         self.capacity[device.name], held, update_s=update)
 
     def evaluate(self, cuts: Sequence[int], order: Sequence[Any]) -> list[StageCost]:
         """Costs of all stages; `cuts[j]` is the last node of stage j (len k-1, increasing)."""

@@ -31,9 +31,25 @@ Everything is per minibatch at the profile's batch size; "layer" means a node of
   sum(measured) / sum(estimated) over the layers of that class on the measured types of
   that kind. Layer classes differ much more in how close they come to the roofline than
   device types of one kind do, so the class is the unit of calibration.
+- Update time (`update_s`, per type; empty when no optimizer is given): what a stage's
+  per-minibatch update costs for the node's weights, as the runtime does it today
+  (`pipeline/weights.py` StageWeights.apply): one compiled call applying the optimizer to
+  the node's trainable weights and adding the deltas of its float non-trainable weights,
+  then an eager `tf.identity` snapshot of each of those variables (the next weight
+  version). Measured on copies of the node's weights with a fresh optimizer built from the
+  given one (its config), median of `repeats` after one warm-up, minus the same update of
+  one scalar variable (a stage makes ONE such call per minibatch, so its fixed cost, the
+  step counter and the call, is not a layer's; floor `MIN_MEASURED_S`). Estimated:
+  bytes / memory_bandwidth / efficiency + launch_overhead_s with bytes =
+  trainable x (5 + 2 x slots) + float non-trainable x 5 (read weight and gradient, read
+  and write each slot, write the weight, and the copy-on-write copy of the weight that
+  the live snapshot forces: 2 more); calibrated like times, one ratio per kind (pooled
+  over all layers: an update is elementwise whatever the layer class). The update does
+  not depend on the batch size, so `scaled` keeps it. Nodes without weights (and later
+  calls of a shared layer) cost 0.
 - `ModelProfile.scaled(b)` rescales linearly: FLOPs, times, activations, cut bytes and
   the activation part of bytes_accessed by b / batch_size (it ignores fixed per-layer
-  costs, which makes small-batch times optimistic).
+  costs, which makes small-batch times optimistic); update times are kept.
 """
 
 from __future__ import annotations
@@ -52,6 +68,7 @@ import numpy as np
 import tensorflow as tf
 
 from hetpipe_tf.cluster.catalog import DeviceKind, DeviceType, canonical_type_name, get_device_type
+from hetpipe_tf.partitioner.cost import optimizer_slots
 from hetpipe_tf.partitioner.layer_graph import LayerGraph, TensorRef
 
 DEFAULT_EFFICIENCY: Mapping[DeviceKind, float] = types.MappingProxyType(
@@ -64,7 +81,9 @@ _SCOPE = "hp_node_"
 
 @dataclasses.dataclass(frozen=True)
 class LayerCost:
-    """Cost of one layer for one minibatch; times are forward+backward seconds by type."""
+    """Cost of one layer for one minibatch; times are forward+backward seconds by type;
+    `update_s` the seconds of its weights' per-minibatch update by type (empty: none
+    costed, i.e. 0)."""
 
     name: str
     time_s: Mapping[str, float]
@@ -73,9 +92,15 @@ class LayerCost:
     param_bytes: int
     trainable_param_bytes: int
     activation_bytes: int
+    update_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "time_s", types.MappingProxyType(dict(self.time_s)))
+        object.__setattr__(self, "update_s", types.MappingProxyType(dict(self.update_s)))
+        bad_update = {k: v for k, v in self.update_s.items() if not (v >= 0 and np.isfinite(v))}
+        if bad_update:
+            raise ValueError(f"LayerCost {self.name}: update times must be finite and >= 0. "
+                             f"Received: update_s={bad_update}.")
         for field in ("flops", "bytes_accessed", "param_bytes", "trainable_param_bytes",
                       "activation_bytes"):
             value = getattr(self, field)
@@ -87,7 +112,7 @@ class LayerCost:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {
-            "time_s": dict(self.time_s)}
+            "time_s": dict(self.time_s), "update_s": dict(self.update_s)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LayerCost:
@@ -103,6 +128,8 @@ class ModelProfile:
     layers: tuple[LayerCost, ...]
     cut_bytes: tuple[int, ...]
     time_source: Mapping[str, str]
+    # The optimizer whose update `LayerCost.update_s` times ("" = no update costed).
+    update_optimizer: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -122,6 +149,11 @@ class ModelProfile:
                 raise ValueError(
                     f"Layer {layer.name} has times for other device types than the profile. "
                     f"Received: {sorted(layer.time_s)} vs time_source {sorted(self.time_source)}.")
+            if layer.update_s and set(layer.update_s) != set(self.time_source):
+                raise ValueError(
+                    f"Layer {layer.name} has update times for other device types than the "
+                    f"profile. Received: {sorted(layer.update_s)} vs time_source "
+                    f"{sorted(self.time_source)}; give every type or none.")
 
     @property
     def device_types(self) -> tuple[str, ...]:
@@ -152,6 +184,7 @@ class ModelProfile:
             "layers": [c.to_dict() for c in self.layers],
             "cut_bytes": list(self.cut_bytes),
             "time_source": dict(self.time_source),
+            "update_optimizer": self.update_optimizer,
         }
 
     @classmethod
@@ -170,10 +203,13 @@ class ModelProfile:
 
 def _checked_keys(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(cls)}
-    if set(d) != fields:
+    # Fields with a default may be absent (profiles saved before they existed).
+    required = {f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    if not required <= set(d) <= fields:
         raise ValueError(
             f"{cls.__name__} dict has wrong keys. Received: keys={sorted(d)}; "
-            f"expected exactly {sorted(fields)}.")
+            f"expected {sorted(required)}, optionally {sorted(fields - required)}.")
     return dict(d)
 
 
@@ -290,6 +326,108 @@ def _measure_node(graph: LayerGraph, i: int, batch_size: int, device: str, repea
     return seconds
 
 
+def _fresh_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
+    """A new, unbuilt optimizer like `optimizer` (a name or a Keras optimizer)."""
+    if isinstance(optimizer, str):
+        try:
+            return keras.optimizers.get(optimizer)
+        except ValueError:
+            raise ValueError(
+                f"Unknown optimizer for the update cost. Received: optimizer={optimizer!r}; "
+                "pass a Keras optimizer name such as 'sgd' or 'adam', or an instance."
+            ) from None
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return type(optimizer).from_config(optimizer.get_config())
+    raise ValueError(
+        "The update cost needs a Keras optimizer or its name. Received: "
+        f"optimizer={optimizer!r}; pass e.g. 'sgd', 'adam' or keras.optimizers.Adam(...), or "
+        "None for no update cost.")
+
+
+def optimizer_name(optimizer: Any) -> str:
+    """The name a profile records for the optimizer whose update it times."""
+    return optimizer.lower() if isinstance(optimizer, str) else type(optimizer).__name__.lower()
+
+
+def _update_seconds(trainable: Sequence[Any], versioned: Sequence[Any], optimizer: Any,
+                    device: str, repeats: int) -> float:
+    """Median seconds of one update as `pipeline/weights.py` StageWeights.apply does it, on
+    COPIES of the given variables: one compiled call (optimizer on `trainable`, deltas
+    added to `versioned`), then an eager snapshot (`tf.identity`) of every variable."""
+    with tf.device(device):
+        t_copies = [keras.Variable(np.asarray(v), dtype=v.dtype, trainable=True)
+                    for v in trainable]
+        v_copies = [keras.Variable(np.asarray(v), dtype=v.dtype, trainable=False)
+                    for v in versioned]
+        opt = _fresh_optimizer(optimizer)
+        opt.build(t_copies)
+        # Tiny gradients: the update runs the same ops whatever the values.
+        grads = [tf.fill(v.shape, tf.constant(1e-6, v.dtype)) for v in t_copies]
+        deltas = [tf.zeros(v.shape, v.dtype) for v in v_copies]
+    handles = [v.value for v in (*t_copies, *v_copies)]   # the tf.Variable behind each
+
+    @tf.function(autograph=False)
+    def apply(grads: list, deltas: list) -> None:
+        if t_copies:
+            opt.apply_gradients(zip(grads, t_copies))
+        for v, d in zip(v_copies, deltas):
+            v.value.assign_add(d)
+
+    def update() -> None:
+        with tf.device(device):
+            apply(grads, deltas)
+            snapshot = [tf.identity(h) for h in handles]
+        # The snapshot stays alive until the next update (as a weight version does), so
+        # the next call pays the copy-on-write copy of every variable it writes.
+        update.kept = snapshot
+        if snapshot:
+            snapshot[-1].numpy()   # waits for the device
+
+    update()  # warm-up: trace and first run
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        update()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def measure_update_times(graph: LayerGraph, optimizer: Any, device: str,
+                         repeats: int = 3) -> tuple[float, ...]:
+    """Median seconds of the per-minibatch update of each node's weights on `device`, less
+    the update of one scalar variable (a stage's fixed cost per update, charged to no
+    layer); 0 for nodes without weights of their own (see module docstring)."""
+    out = []
+    # One tf.function per node: TF's retracing warning says nothing about our use.
+    with _quiet_tf_logging():
+        fixed = _update_seconds([tf.zeros((1,))], [], optimizer, device, max(repeats, 5))
+        for i in range(len(graph)):
+            trainable, versioned = _update_variables(graph, i)
+            if not trainable and not versioned:
+                out.append(0.0)
+                continue
+            t = _update_seconds(trainable, versioned, optimizer, device, repeats)
+            out.append(max(t - fixed, MIN_MEASURED_S))
+    return tuple(out)
+
+
+def _update_variables(graph: LayerGraph, i: int) -> tuple[list, list]:
+    """(trainable, float non-trainable) weights node i updates: none for a later call of a
+    shared layer (its weights are updated once, with its first call's node)."""
+    if graph.nodes[i].param_bytes == 0:
+        return [], []
+    layer = graph.layer_of(i)
+    trainable = list(getattr(layer, "trainable_weights", ()))
+    versioned = [w for w in getattr(layer, "non_trainable_weights", ())
+                 if tf.as_dtype(w.dtype).is_floating]
+    return trainable, versioned
+
+
+def update_bytes(trainable_bytes: int, versioned_bytes: int, slots: int) -> int:
+    """Bytes one update moves (module docstring): trainable x (5 + 2 slots) + versioned x 5."""
+    return trainable_bytes * (5 + 2 * slots) + versioned_bytes * 5
+
+
 def _random_tensor(shape: tuple[int, ...], dtype: str) -> tf.Tensor:
     dtype = tf.as_dtype(dtype)
     if dtype.is_floating:
@@ -306,12 +444,16 @@ def profile_model(
     measure_batch_size: int | None = None,
     repeats: int = 3,
     efficiency: Mapping[DeviceKind, float] = DEFAULT_EFFICIENCY,
+    optimizer: Any = None,
 ) -> ModelProfile:
     """Profile `model` at `batch_size` for every device type in `device_types`.
 
     `measure_on` maps a device type name to the TensorFlow device string of a present
     device of that type ("/CPU:0", "/job:worker/task:1/device:GPU:0"); those types are
     measured, the others estimated or calibrated (module docstring).
+    `optimizer`: the optimizer (name or Keras instance) whose per-minibatch update is
+    costed per layer; None = the model's compiled optimizer if it has one, else no update
+    cost (`update_s` empty).
     """
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("repeats", repeats)
@@ -321,6 +463,8 @@ def profile_model(
     resolved = _resolve_types(device_types)
     measure = _resolve_measure_on(measure_on, resolved)
     graph = model if isinstance(model, LayerGraph) else LayerGraph.from_model(model)
+    if optimizer is None and not isinstance(model, LayerGraph):
+        optimizer = getattr(model, "optimizer", None)
 
     has_weights = [bool(getattr(graph.layer_of(i), "trainable_weights", ())) for i in range(len(graph))]
     fwd = forward_flops(graph, batch_size)
@@ -350,10 +494,13 @@ def profile_model(
         source[name] = "calibrated"
         times[name] = [e * ratio[c] for e, c in zip(estimated[name], classes)]
 
+    updates = (_update_times(graph, optimizer, resolved, measure, source, repeats, efficiency)
+               if optimizer is not None else None)
     layers = tuple(
         LayerCost(
             name=node.name,
             time_s={name: times[name][i] for name in resolved},
+            update_s={name: updates[name][i] for name in resolved} if updates else {},
             flops=int(flops[i]),
             bytes_accessed=int(nbytes[i]),
             param_bytes=node.param_bytes,
@@ -368,7 +515,44 @@ def profile_model(
         layers=layers,
         cut_bytes=tuple(b * batch_size for b in graph.all_cut_bytes_per_sample()),
         time_source=source,
+        update_optimizer=optimizer_name(optimizer) if optimizer is not None else "",
     )
+
+
+def _update_times(graph: LayerGraph, optimizer: Any, resolved: Mapping[str, DeviceType],
+                  measure: Mapping[str, str], source: Mapping[str, str], repeats: int,
+                  efficiency: Mapping[DeviceKind, float]) -> dict[str, list[float]]:
+    """Per type, per node: update seconds, by the same source as the type's times."""
+    _fresh_optimizer(optimizer)   # refuse what is not an optimizer before any work
+    slots = optimizer_slots(optimizer)
+    nbytes = []
+    for i in range(len(graph)):
+        trainable, versioned = _update_variables(graph, i)
+        nbytes.append(update_bytes(sum(_nbytes(w) for w in trainable),
+                                   sum(_nbytes(w) for w in versioned), slots))
+
+    def estimate(t: DeviceType) -> list[float]:
+        return [0.0 if b == 0 else
+                b / t.memory_bandwidth / efficiency[t.kind] + t.launch_overhead_s
+                for b in nbytes]
+
+    out = {name: list(measure_update_times(graph, optimizer, device, repeats))
+           for name, device in measure.items()}
+    for name, t in resolved.items():
+        if name in out:
+            continue
+        est = estimate(t)
+        peers = [m for m in measure if resolved[m].kind is t.kind]
+        if source[name] == "calibrated" and peers:
+            meas = sum(sum(out[m]) for m in peers)
+            base = sum(sum(estimate(resolved[m])) for m in peers)
+            est = [e * (meas / base if base > 0 else 1.0) for e in est]
+        out[name] = est
+    return out
+
+
+def _nbytes(weight: Any) -> int:
+    return int(np.prod(weight.shape, dtype=np.int64)) * tf.as_dtype(weight.dtype).size
 
 
 def _class_ratios(classes: Sequence[str], measured: Sequence[Sequence[float]],

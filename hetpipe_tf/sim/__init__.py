@@ -19,6 +19,7 @@ from hetpipe_tf.sim.model import (
     from_plan,
     stage_param_bytes,
     stage_times,
+    stage_update_times,
 )
 from hetpipe_tf.sim.result import SimEvent, SimResult, VWStats
 
@@ -26,5 +27,5 @@ __all__ = [
     "AllReduceResult", "LinkPool", "PSShard", "ScheduleMode", "SimConfig", "SimEvent",
     "SimResult", "SimStage", "Transfer", "VWStats", "VirtualWorker", "data_parallel",
     "default_ps_map", "from_plan", "horovod", "ring_allreduce_seconds", "simulate",
-    "stage_param_bytes", "stage_times",
+    "stage_param_bytes", "stage_times", "stage_update_times",
 ]

@@ -21,12 +21,17 @@ from typing import Sequence
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.sim.model import SimConfig, VirtualWorker
 from hetpipe_tf.core.schedule import Event, Task, TaskKind
+from hetpipe_tf.sim.updates import APPLY
 
 
 def gpipe_events(forward_s: Sequence[float], backward_s: Sequence[float], micro_batches: int,
-                 num_minibatches: int) -> list[Event]:
-    """Events of one VW under the GPipe schedule; times are per MINIBATCH per stage."""
+                 num_minibatches: int, update_s: Sequence[float] | None = None) -> list[Event]:
+    """Events of one VW under the GPipe schedule; times are per MINIBATCH per stage.
+
+    `update_s[j]`: stage j's update, once per minibatch after its last backward (an APPLY
+    event); the next minibatch starts when every stage has updated."""
     k, m_n = len(forward_s), micro_batches
+    upd = list(update_s) if update_s is not None else [0.0] * k
     fwd = [f / m_n for f in forward_s]
     bwd = [b / m_n for b in backward_s]
     events: list[Event] = []
@@ -50,6 +55,11 @@ def gpipe_events(forward_s: Sequence[float], backward_s: Sequence[float], micro_
                 events.append(Event(Task(j, base + m, TaskKind.BACKWARD), ready, start,
                                     b_end[j][m]))
         t0 = b_end[0][m_n]
+        for j in range(k):
+            if upd[j] > 0:
+                events.append(Event(Task(j, base + m_n, APPLY), b_end[j][m_n], b_end[j][m_n],
+                                    b_end[j][m_n] + upd[j]))
+                t0 = max(t0, b_end[j][m_n] + upd[j])
     events.sort(key=lambda e: (e.start, e.task.stage))
     return events
 
@@ -60,8 +70,8 @@ def simulate_gpipe(vws: Sequence[VirtualWorker], config: SimConfig, cluster: Clu
 
     from hetpipe_tf.sim.result import summarise
 
-    runs = [gpipe_events(vw.forward_times, vw.backward_times, config.n_m, config.num_waves)
-            for vw in vws]
+    runs = [gpipe_events(vw.forward_times, vw.backward_times, config.n_m, config.num_waves,
+                         vw.update_times) for vw in vws]
     gates = [[0.0] * config.num_minibatches for _ in vws]
     r = summarise(vws, config, cluster, runs, gates, ())
     m = config.n_m  # summarise counts micro-batches; report minibatches

@@ -11,8 +11,14 @@ Forward/backward split of a stage's time (a decision; the Plan only has forward+
 (the backward computes gradients w.r.t. inputs and weights: twice the forward's FLOPs, the
 same 3x rule the profiler uses). The last stage runs both as one task (Section 4).
 
+Update: each stage's per-minibatch update (optimizer step + the next weight-version
+snapshot; `SimStage.update_s`) is charged where the runtime runs it (`updates.py`): on
+stage 0 right after the minibatch's backward (the minibatch completes after it), on every
+other stage as an APPLY task queued when stage 0 committed the minibatch. `from_plan`
+takes it per stage (`update_s=`, e.g. `stage_update_times(plan, profile)`).
+
 `compute_scale` is an explicit, labelled contention parameter: every stage's compute time
-is multiplied by it. On dedicated GPUs it is 1. On this 2-core machine two logical CPU
+(and its update) is multiplied by it. On dedicated GPUs it is 1. On this 2-core machine two logical CPU
 devices computing at once each run slower (docs/strategy.md "Measured": 2 concurrent
 copies of a step take ~1.4x the time of one), which a per-device cost model cannot know.
 """
@@ -62,9 +68,10 @@ class SimStage:
     backward_s: float
     send_bytes: int = 0            # activations to the next stage (and gradients back)
     shards: tuple[PSShard, ...] = ()
+    update_s: float = 0.0          # the stage's update per minibatch (module doc)
 
     def __post_init__(self) -> None:
-        for f in ("forward_s", "backward_s"):
+        for f in ("forward_s", "backward_s", "update_s"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"SimStage {f} must be a finite number >= 0. Received: "
@@ -103,6 +110,10 @@ class VirtualWorker:
     @property
     def backward_times(self) -> list[float]:
         return [s.backward_s for s in self.stages]
+
+    @property
+    def update_times(self) -> list[float]:
+        return [s.update_s for s in self.stages]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,10 +171,28 @@ def stage_param_bytes(plan: Plan, layer_param_bytes: Sequence[int]) -> list[int]
     return [int(sum(layer_param_bytes[s.first:s.last + 1])) for s in plan.stages]
 
 
+def stage_update_times(plan: Plan, profile, *, emulated: bool = True) -> list[float]:
+    """Seconds of each stage's update per minibatch: the sum of its layers'
+    `LayerCost.update_s` on the stage's device type, / its emulated speed factor when
+    `emulated` (False: as the runtime's emulation today, which slows tasks only, not the
+    update). Zeros for a profile that costs no update."""
+    if len(profile.layers) != plan.num_layers:
+        raise ValueError(f"The profile does not match the plan. Received: "
+                         f"{len(profile.layers)} profiled layers for a plan of "
+                         f"{plan.num_layers}; pass the profile the plan was made from.")
+    out = []
+    for s in plan.stages:
+        total = sum(l.update_s.get(s.device_type, 0.0)
+                    for l in profile.layers[s.first:s.last + 1])
+        out.append(total / s.emulated_speed_factor if emulated else total)
+    return out
+
+
 def from_plan(plan: Plan, cluster: Cluster, *, name: str = "vw0",
               param_bytes: Sequence[int] | None = None, ps: PSMap | None = None,
               cut_bytes: Sequence[int] | None = None, compute_scale: float = 1.0,
-              ps_host: str | None = None) -> VirtualWorker:
+              ps_host: str | None = None,
+              update_s: Sequence[float] | None = None) -> VirtualWorker:
     """A `VirtualWorker` from a planner `Plan` on `cluster`.
 
     param_bytes: trainable bytes per STAGE (see `stage_param_bytes`); ignored when `ps` is
@@ -172,9 +201,17 @@ def from_plan(plan: Plan, cluster: Cluster, *, name: str = "vw0",
     ps_host: the host of the single default parameter server (default: the first host).
     cut_bytes: per LAYER cut (profile.cut_bytes), to count activation bytes moved.
     compute_scale: the labelled contention factor of the module doc.
+    update_s: each stage's update seconds per minibatch (`stage_update_times`); None =
+      the plan's own figure where its stages carry one (`update_s`), else 0.
     """
     if compute_scale <= 0:
         raise ValueError(f"compute_scale must be > 0. Received: compute_scale={compute_scale}.")
+    if update_s is None:
+        # A StagePlan carries no update figure yet (proposed in issue 9): 0 without one.
+        update_s = [float(getattr(s, "update_s", 0.0)) for s in plan.stages]
+    if len(update_s) != plan.num_stages:
+        raise ValueError(f"update_s needs one value per stage. Received: {len(update_s)} for "
+                         f"{plan.num_stages} stages; pass stage_update_times(plan, profile).")
     if ps is None and param_bytes is not None:
         ps = default_ps_map(plan, param_bytes, ps_host or cluster.hosts[0].name)
     host_names = {h.name for h in cluster.hosts}
@@ -190,5 +227,6 @@ def from_plan(plan: Plan, cluster: Cluster, *, name: str = "vw0",
         if cut_bytes is not None and s.index < plan.num_stages - 1:
             send = int(cut_bytes[s.last])
         stages.append(SimStage(device=s.device, host=cluster.device(s.device).host,
-                               forward_s=fwd, backward_s=bwd, send_bytes=send, shards=shards))
+                               forward_s=fwd, backward_s=bwd, send_bytes=send, shards=shards,
+                               update_s=float(update_s[s.index]) * compute_scale))
     return VirtualWorker(name=name, stages=tuple(stages), batch_size=plan.batch_size)

@@ -1,7 +1,8 @@
 """One VW's Section 4 pipeline under WSP gates: the glue between the engine and the rules.
 
-The pipeline is `hetpipe_tf.core.schedule.simulate` itself; WSP enters through its
-`arrival` argument (the gate of minibatch p: when the pull bringing the global wave it
+The pipeline is `hetpipe_tf.core.schedule.simulate` itself (`updates.simulate_pipeline`
+when stages have an update: the same rules plus the runtime's apply tasks); WSP enters
+through its `arrival` argument (the gate of minibatch p: when the pull bringing the global wave it
 needs completed, `core/wsp.py`). Nothing here decides an order of tasks.
 
 Finality (what lets the engine simulate a VW before all its gates are known): gates never
@@ -19,7 +20,8 @@ from typing import Mapping, Sequence
 
 from hetpipe_tf.core import wsp
 from hetpipe_tf.sim.model import SimConfig, VirtualWorker
-from hetpipe_tf.core.schedule import Event, TaskKind, simulate as simulate_pipeline
+from hetpipe_tf.core.schedule import Event, TaskKind
+from hetpipe_tf.sim.updates import simulate_pipeline
 
 
 def pull_waves(cfg: SimConfig) -> list[int | None]:
@@ -46,10 +48,15 @@ def final_waves(m: int, cfg: SimConfig) -> int:
 
 
 def wave_ends(events: Sequence[Event], k: int, n_m: int, waves: range) -> list[list[float]]:
-    """t[i][j]: when stage j finished its last task of wave waves[i]'s last minibatch."""
+    """t[i][j]: when stage j finished its last task of wave waves[i]'s last minibatch.
+
+    Its update (an APPLY event) does not count: a push is issued at the end of the stage's
+    backward, as before updates were simulated (the runtime's updater pushes once every
+    stage applied the minibatch, a little later). With one VW, which the runtime never
+    gates, a push after the updates would gate stage 0 on the other stages' updates."""
     last = {}
     for e in events:
-        if e.task.kind is not TaskKind.FORWARD:
+        if e.task.kind in (TaskKind.BACKWARD, TaskKind.FORWARD_BACKWARD):
             last[(e.task.stage, e.task.minibatch)] = e.end
     return [[last[(j, (c + 1) * n_m)] for j in range(k)] for c in waves]
 
@@ -67,11 +74,13 @@ class PipelineCache:
 
     @staticmethod
     def _key(vw: VirtualWorker, arrival: Sequence[float]) -> tuple:
-        return tuple(vw.forward_times), tuple(vw.backward_times), tuple(arrival)
+        return (tuple(vw.forward_times), tuple(vw.backward_times), tuple(vw.update_times),
+                tuple(arrival))
 
     def _simulate(self, vw: VirtualWorker, arrival: Sequence[float]) -> list[Event]:
         return simulate_pipeline(vw.num_stages, self._cfg.n_m, len(arrival),
-                                 vw.forward_times, vw.backward_times, arrival=arrival)
+                                 vw.forward_times, vw.backward_times, vw.update_times,
+                                 arrival=arrival)
 
     def run(self, vw: VirtualWorker, arrival: Sequence[float]) -> list[Event]:
         """Events of every minibatch (the caller must not mutate them)."""

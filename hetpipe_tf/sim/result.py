@@ -113,7 +113,8 @@ def _vw_stats(vw: VirtualWorker, cfg: SimConfig, events: Sequence[Event],
     for e in events:
         spans[e.task.stage].append((e.start, e.end))
         if e.task.stage == 0 and e.task.kind is not TaskKind.FORWARD:
-            done[e.task.minibatch] = e.end
+            # p completes after stage 0's backward, or its update when it has one
+            done[e.task.minibatch] = max(e.end, done.get(e.task.minibatch, e.end))
     waits = []
     for p, g in enumerate(gates, start=1):
         free = done.get(p - n_m, 0.0)

@@ -27,7 +27,7 @@ from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, traffic
 from hetpipe_tf.sim.allreduce import AllReduceResult, HorovodConfig, horovod
 from hetpipe_tf.sim.engine import simulate
-from hetpipe_tf.sim.model import SimConfig, from_plan
+from hetpipe_tf.sim.model import SimConfig, from_plan, stage_update_times
 from hetpipe_tf.sim.result import SimResult
 
 
@@ -174,7 +174,8 @@ def simulate_scenario(profile: Any, cluster: Cluster, policy: AllocationPolicy |
     sim_vws = [from_plan(plan, cluster, name=f"vw{v}",
                          ps={j: [(t.ps_host, t.bytes) for t in stage]
                              for j, stage in enumerate(per_vw[v])},
-                         cut_bytes=profile.cut_bytes, compute_scale=compute_scale)
+                         cut_bytes=profile.cut_bytes, compute_scale=compute_scale,
+                         update_s=stage_update_times(plan, profile))
                for v, plan in enumerate(plans)]
     start = time.perf_counter()
     result = simulate(sim_vws, SimConfig(n_m=chosen_n_m, clock_distance=clock_distance,

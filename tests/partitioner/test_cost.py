@@ -42,9 +42,10 @@ def test_stage_costs_by_hand():
     # memory, position 0 holds N_m = 3: weights 1000 + (grad + 2 slots) 3*500
     # + 2 stashed versions 2*500 + 3 activations 3*100
     assert first.held == 3 and first.memory_bytes == 1000 + 1500 + 1000 + 300
-    # last position holds 1: weights 5000 + 3*2500 slots/grads, no stash, 1x activations
-    # 500, plus the received input 10_000 once
-    assert second.held == 1 and second.memory_bytes == 5000 + 7500 + 500 + 10_000
+    # last position holds 1 minibatch's activations: weights 5000 + 3*2500 slots/grads,
+    # the same N_m - 1 = 2 stashed versions 2*2500 (those of the minibatches in flight wait
+    # there), 1x activations 500, plus the received input 10_000 once
+    assert second.held == 1 and second.memory_bytes == 5000 + 7500 + 5000 + 500 + 10_000
     assert first.memory_available == 500_000 and second.memory_available == 1_000_000
 
 
@@ -72,3 +73,55 @@ def test_missing_device_type_and_bad_fraction():
         CostModel(cm.profile, [c], cm.cluster, n_m=1)
     with pytest.raises(ValueError, match="usable_fraction=0"):
         CostModel(cm.profile, [a], cm.cluster, n_m=1, usable_fraction=0)
+
+
+def _with_updates(profile, updates):
+    """`profile` whose layer i updates in updates[i] seconds on every type."""
+    import dataclasses
+    layers = tuple(dataclasses.replace(l, update_s={t: u for t in l.time_s})
+                   for l, u in zip(profile.layers, updates))
+    return dataclasses.replace(profile, layers=layers, update_optimizer="sgd")
+
+
+def test_update_time_is_part_of_the_stage_time():
+    cm, a, b = _setup(n_m=3)
+    cm = CostModel(_with_updates(cm.profile, [0.001, 0.002, 0.004]), [a, b], cm.cluster, n_m=3,
+                   optimizer_slots=2, usable_fraction=0.5)
+    first, second = cm.evaluate([0], [a, b])
+    # compute unchanged; update = the stage's layers' updates / the emulated speed factor
+    assert first.compute_s == pytest.approx(0.01) and first.update_s == pytest.approx(0.001)
+    assert second.compute_s == pytest.approx(0.2)
+    assert second.update_s == pytest.approx((0.002 + 0.004) / 0.5)
+    assert second.time_s == pytest.approx(0.2 + 0.012 + 0.01)
+    # the MILP's per-layer figures carry it: layer time = compute + update
+    assert list(cm.layer_time(b)) == pytest.approx([0.04 + 0.002, 0.08 + 0.004, 0.12 + 0.008])
+    assert list(cm.layer_update_time(a)) == pytest.approx([0.001, 0.002, 0.004])
+    assert list(cm.layer_compute_time(a)) == pytest.approx([0.01, 0.02, 0.03])
+    assert cm.prefix_time(a)[-1] == pytest.approx(0.06 + 0.007)
+    # memory is not changed by the update (its temporaries are transient)
+    plain = CostModel(cm.profile, [a, b], cm.cluster, n_m=3, optimizer_slots=2,
+                      usable_fraction=0.5).evaluate([0], [a, b])
+    assert [c.memory_bytes for c in plain] == [first.memory_bytes, second.memory_bytes]
+
+
+def test_planner_moves_the_cut_for_the_update():
+    """One device type, two devices: without updates the balanced cut is after layer 1
+    (0.03 | 0.03); a large update on layer 0 makes the cut after layer 0 best."""
+    import dataclasses
+    from hetpipe_tf.partitioner.milp import solve
+
+    cm, a, _ = _setup(n_m=1)
+    a2 = dataclasses.replace(a, name="a2", tf_device="/device:CPU:3")
+    cluster = Cluster(hosts=(Host(name="h0", devices=(a, a2), intra_bandwidth=1e12),),
+                      inter_bandwidth=1e6)
+    before = solve(cm.profile, [a, a2], 1, cluster=cluster)
+    after = solve(_with_updates(cm.profile, [0.03, 0.0, 0.0]), [a, a2], 1, cluster=cluster)
+    assert [s.last for s in before.stages] == [1, 2]
+    assert [s.last for s in after.stages] == [0, 2]
+    # an independent reference: every cut by hand, max(stage compute + update) + transfers
+    costs = CostModel(_with_updates(cm.profile, [0.03, 0.0, 0.0]), [a, a2], cluster, n_m=1)
+    by_cut = {c: max(s.time_s for s in costs.evaluate([c], [a, a2])) for c in (0, 1)}
+    t = costs.cut_seconds(a, a2)
+    assert by_cut[0] == pytest.approx(max(0.01 + 0.03 + t[0], 0.02 + 0.03 + t[0]))
+    assert by_cut[1] == pytest.approx(max(0.01 + 0.03 + 0.02 + t[1], 0.03 + t[1]))
+    assert min(by_cut, key=by_cut.get) == 0

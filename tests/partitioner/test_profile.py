@@ -150,6 +150,9 @@ def test_sequential_estimate_only():
         (dict(measure_on={"LOCAL_CPU": "/GPU:7"}), "not present. Received:"),
         (dict(repeats=0), "Received: repeats=0"),
         (dict(measure_batch_size=-1), "Received: measure_batch_size=-1"),
+        (dict(optimizer=3), "needs a Keras optimizer or its name. Received: optimizer=3"),
+        (dict(optimizer="sgdx"), "Unknown optimizer for the update cost. Received: "
+                                 "optimizer='sgdx'"),
     ],
 )
 def test_profile_model_validation(model, kwargs, message):
@@ -166,3 +169,77 @@ def test_model_profile_validation(profile):
         ModelProfile.from_dict(profile.to_dict() | {"extra": 1})
     with pytest.raises(ValueError, match="Received: batch_size=0"):
         profile.scaled(0)
+
+
+# --- the per-minibatch update (optimizer step + next weight-version snapshot) -------------
+@pytest.fixture(scope="module")
+def adam_profile(model):
+    types = ["LOCAL_CPU", "TITAN_V", _cpu_type("SLOW_CPU", 1.0), _cpu_type("FAST_CPU", 2.0)]
+    return profile_model(model, BATCH, types, measure_on={"LOCAL_CPU": "/CPU:0"}, repeats=1,
+                         optimizer="adam")
+
+
+def test_update_cost_per_layer(adam_profile):
+    by_name = {c.name: c for c in adam_profile.layers}
+    assert adam_profile.update_optimizer == "adam"
+    assert all(set(c.update_s) == set(adam_profile.time_source) for c in adam_profile.layers)
+    # no weights, no update; every layer with weights is measured > 0 on the local CPU
+    assert all(v == 0 for v in by_name["add"].update_s.values())
+    assert all(by_name[n].update_s["LOCAL_CPU"] > 0 for n in ("d1", "d2", "bn", "head"))
+    # estimated: bytes / bandwidth / efficiency + launch, bytes = trainable x (5 + 2 x 2
+    # slots) + float non-trainable x 5 (BatchNorm's moving mean and variance)
+    titan = get_device_type("TITAN_V")
+    expect = {"d1": (IN * HID + HID) * F32 * 9, "bn": 2 * HID * F32 * 9 + 2 * HID * F32 * 5,
+              "head": (HID * OUT + OUT) * F32 * 9}
+    for name, nbytes in expect.items():
+        assert by_name[name].update_s["TITAN_V"] == pytest.approx(
+            nbytes / titan.memory_bandwidth / DEFAULT_EFFICIENCY[DeviceKind.GPU]
+            + titan.launch_overhead_s)
+    # calibrated CPU types keep the estimate's ratio (one ratio per kind)
+    for c in adam_profile.layers:
+        assert c.update_s["SLOW_CPU"] == pytest.approx(2.0 * c.update_s["FAST_CPU"])
+    # the ratio: measured / estimated on the local CPU, pooled over all layers
+    local = local_cpu_type()
+    nbytes = [expect.get(c.name, {"d2": (HID * HID + HID) * F32 * 9}.get(c.name, 0))
+              for c in adam_profile.layers]
+    est = [0.0 if b == 0 else b / local.memory_bandwidth / DEFAULT_EFFICIENCY[DeviceKind.CPU]
+           + local.launch_overhead_s for b in nbytes]
+    ratio = sum(c.update_s["LOCAL_CPU"] for c in adam_profile.layers) / sum(est)
+    for c, b in zip(adam_profile.layers, nbytes):   # SLOW_CPU: the local figures, launch 0
+        assert c.update_s["SLOW_CPU"] == pytest.approx(
+            b / local.memory_bandwidth / DEFAULT_EFFICIENCY[DeviceKind.CPU] * ratio)
+
+
+def test_update_cost_is_not_scaled_and_round_trips(adam_profile):
+    double = adam_profile.scaled(2 * BATCH)
+    assert [c.update_s for c in double.layers] == [c.update_s for c in adam_profile.layers]
+    again = ModelProfile.from_json(adam_profile.to_json())
+    assert again == adam_profile and again.update_optimizer == "adam"
+    # a profile saved before update costs existed loads with none
+    old = adam_profile.to_dict()
+    del old["update_optimizer"]
+    for layer in old["layers"]:
+        del layer["update_s"]
+    loaded = ModelProfile.from_dict(old)
+    assert loaded.update_optimizer == "" and all(not c.update_s for c in loaded.layers)
+
+
+def test_update_optimizer_defaults_to_the_compiled_one():
+    model = keras.Sequential([keras.Input((3,)), L.Dense(2, name="h")])
+    assert profile_model(model, 4, ["RTX_2060"]).update_optimizer == ""
+    model.compile(keras.optimizers.SGD(momentum=0.9), "mse")
+    p = profile_model(model, 4, ["RTX_2060"])
+    assert p.update_optimizer == "sgd"
+    rtx = get_device_type("RTX_2060")
+    # SGD with momentum keeps one slot: trainable x (5 + 2)
+    assert p.layers[0].update_s["RTX_2060"] == pytest.approx(
+        (3 * 2 + 2) * F32 * 7 / rtx.memory_bandwidth / DEFAULT_EFFICIENCY[DeviceKind.GPU]
+        + rtx.launch_overhead_s)
+
+
+def test_measuring_the_update_leaves_the_model_unchanged(model):
+    before = [w.numpy().copy() for w in model.weights]
+    profile_model(model, BATCH, ["LOCAL_CPU"], measure_on={"LOCAL_CPU": "/CPU:0"}, repeats=1,
+                  optimizer=keras.optimizers.Adam(0.1))
+    for w, b in zip(model.weights, before):
+        np.testing.assert_array_equal(w.numpy(), b)

@@ -58,6 +58,7 @@ import contextlib
 import dataclasses
 import json
 import statistics
+import threading
 import time
 import types
 from collections.abc import Iterator, Mapping, Sequence
@@ -397,18 +398,42 @@ def measure_update_times(graph: LayerGraph, optimizer: Any, device: str,
     """Median seconds of the per-minibatch update of each node's weights on `device`, less
     the update of one scalar variable (a stage's fixed cost per update, charged to no
     layer); 0 for nodes without weights of their own (see module docstring)."""
-    out = []
-    # One tf.function per node: TF's retracing warning says nothing about our use.
-    with _quiet_tf_logging():
-        fixed = _update_seconds([tf.zeros((1,))], [], optimizer, device, max(repeats, 5))
-        for i in range(len(graph)):
-            trainable, versioned = _update_variables(graph, i)
-            if not trainable and not versioned:
-                out.append(0.0)
-                continue
-            t = _update_seconds(trainable, versioned, optimizer, device, repeats)
-            out.append(max(t - fixed, MIN_MEASURED_S))
-    return tuple(out)
+    def measure() -> tuple[float, ...]:
+        out = []
+        # One tf.function per node: TF's retracing warning says nothing about our use.
+        with _quiet_tf_logging():
+            fixed = _update_seconds([tf.zeros((1,))], [], optimizer, device, max(repeats, 5))
+            for i in range(len(graph)):
+                trainable, versioned = _update_variables(graph, i)
+                if not trainable and not versioned:
+                    out.append(0.0)
+                    continue
+                t = _update_seconds(trainable, versioned, optimizer, device, repeats)
+                out.append(max(t - fixed, MIN_MEASURED_S))
+        return tuple(out)
+
+    return _in_own_thread(measure)
+
+
+def _in_own_thread(fn: Any) -> Any:
+    """fn() on a new thread, joined; its exception re-raised here. A tf.distribute scope is
+    thread-local, so the copies and their optimizer live outside the caller's strategy
+    (which may refuse an optimizer updating variables that are not its model's: the
+    planner runs inside HetPipeStrategy's scope at the first fit)."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=run, name="hetpipe-profile-update")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def _update_variables(graph: LayerGraph, i: int) -> tuple[list, list]:

@@ -243,3 +243,25 @@ def test_measuring_the_update_leaves_the_model_unchanged(model):
                   optimizer=keras.optimizers.Adam(0.1))
     for w, b in zip(model.weights, before):
         np.testing.assert_array_equal(w.numpy(), b)
+
+
+def test_update_is_measured_outside_the_callers_strategy():
+    # The planner profiles at the first fit, inside HetPipeStrategy's scope, which refuses
+    # an optimizer updating variables that are not its model's: the measurement runs on a
+    # thread of its own (a strategy scope is thread-local).
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.strategy import HetPipeStrategy
+
+    strategy = HetPipeStrategy(Cluster.local(["LOCAL_CPU"]))
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), L.Dense(2, name="h")])
+            model.compile(keras.optimizers.Adam(), "mse")
+            before = [w.numpy().copy() for w in model.weights]
+            p = profile_model(model, 4, ["LOCAL_CPU"], measure_on={"LOCAL_CPU": "/CPU:0"},
+                              repeats=1)
+        assert p.update_optimizer == "adam" and p.layers[0].update_s["LOCAL_CPU"] > 0
+        for w, b in zip(model.weights, before):
+            np.testing.assert_array_equal(w.numpy(), b)
+    finally:
+        strategy.close()

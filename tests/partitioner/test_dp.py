@@ -110,12 +110,15 @@ def test_dp_at_the_memory_knife_edge_with_device_classes(seed, num_layers, class
 
 
 def test_dp_equals_the_milp_on_larger_instances():
-    """Beyond the exhaustive search's reach: the DP and the per-order MILP (gap 0) agree."""
+    """Beyond the exhaustive search's reach: the DP and the per-order MILP (gap 0) agree,
+    also where memory cuts stages short (the DP's sparse-table path)."""
+    binding = 0
     for seed, layers, sizes in [(1, 40, (2, 2)), (2, 60, (3, 1)), (3, 30, (1, 1, 1)),
-                                (4, 50, (2, 1, 1))]:
-        profile, devices, cluster = clustered_instance(seed, layers, sizes,
-                                                       memory_scale=20.0)
-        for n_m in (1, 3):
+                                (4, 50, (2, 1, 1)), (5, 40, (2, 1)), (6, 40, (1, 1, 1))]:
+        for scale in (20.0, 6.0):
+            profile, devices, cluster = clustered_instance(seed, layers, sizes,
+                                                           memory_scale=scale)
+            n_m = 2
             try:
                 by_milp = milp.solve(profile, devices, n_m, cluster=cluster, options=MILP)
             except PartitionError:
@@ -126,6 +129,9 @@ def test_dp_equals_the_milp_on_larger_instances():
             assert "milp" in by_milp.solver and by_dp.solver.startswith("dp")
             assert by_dp.predicted_stage_time_s == pytest.approx(
                 by_milp.predicted_stage_time_s, rel=1e-9)
+            cm = CostModel(profile, devices, cluster, n_m=n_m, usable_fraction=1.0)
+            binding += any(i.levels for i in dp.Problem(cm, devices).intervals.values())
+    assert binding >= 2    # the memory-bound path was exercised
 
 
 def test_interval_minimum_against_brute_force():

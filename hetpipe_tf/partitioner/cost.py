@@ -69,7 +69,8 @@ def optimizer_slots(optimizer: Any) -> int:
 
 
 def held_minibatches(position: int, num_stages: int, n_m: int) -> int:
-    """Minibatches whose activations and weight versions the stage at `position` holds."""
+    """Minibatches whose activations the stage at `position` holds (weight versions: N_m - 1
+    at every position, see the module docstring)."""
     return 1 if position == num_stages - 1 else n_m
 
 

@@ -4,9 +4,11 @@ In HetPipe every GPU updates its own partition: each stage's `StageWeights` hold
 w_local (the model's variables with one virtual worker, the VW's copies with several), its
 own optimizer (a clone of the model's, so per-stage step counts equal the minibatch count)
 and the versions of its part. The stage applies u_q to its part on its own thread and device
-and snapshots the version of q + N_m there. A version is a `tf.identity` of each variable:
-TensorFlow's copy-on-write keeps a snapshot intact when the variable is later updated, so a
-version costs a copy only of what changes while it is alive.
+and snapshots the version of q + N_m there. A version is the variables' values read inside
+the same compiled function as the update (one call, no eager op per variable): a read
+shares the variable's buffer, and TensorFlow's copy-on-write keeps it intact when the
+variable is later updated, so a version costs a copy only of a variable that changes while
+the version is alive (docs/performance.md).
 
 A minibatch is applied on every stage or on none: stage 0 commits q when it finishes q's
 backward (the runtime then hands each other stage an apply task, FIFO before any later
@@ -55,17 +57,21 @@ class StageWeights:
         self._lock = threading.Lock()
         self.applied = 0
         self._apply_fn = tf.function(self._apply_impl, reduce_retracing=True)
-        self._add_fn = tf.function(self._add_impl, reduce_retracing=True)
+        self._read_fn = tf.function(self._read_impl)
+        self._rebase_fn = tf.function(self._rebase_impl, reduce_retracing=True)
 
     @property
     def variables(self) -> list:
         return self.trainable + self.non_trainable
 
+    def _read_impl(self):
+        return ([tf.identity(keras_shim.variable_handle(v)) for v in self.trainable],
+                [tf.identity(keras_shim.variable_handle(v)) for v in self.non_trainable])
+
     def snapshot(self) -> tuple[tuple, tuple]:
         with tf.device(self.device):
-            return (tuple(tf.identity(keras_shim.variable_handle(v)) for v in self.trainable),
-                    tuple(tf.identity(keras_shim.variable_handle(v))
-                          for v in self.non_trainable))
+            t, n = self._read_fn()
+        return tuple(t), tuple(n)
 
     def start_run(self, first: int, applied: int) -> None:
         """Minibatches first..first+N_m-1 use w_local as it is now (reflecting `applied`)."""
@@ -91,6 +97,9 @@ class StageWeights:
             keras_shim.variable_handle(v).assign_add(d)
         if self._counter is not None:
             keras_shim.variable_handle(self._counter).assign_add(1)
+        # The new version, read after the updates (automatic control dependencies order a
+        # read after the writes to the same variable before it).
+        return self._read_impl()
 
     def apply(self, q: int, grads: Sequence, deltas: Sequence) -> None:
         """w_local += u_q on this stage, then the version of q + N_m (call on its thread)."""
@@ -99,34 +108,40 @@ class StageWeights:
                 raise RuntimeError(f"Updates must be applied in order: got {q} after "
                                    f"{self.applied}.")
             with tf.device(self.device):
-                self._apply_fn(list(grads), list(deltas))
+                t, n = self._apply_fn(list(grads), list(deltas))
             self.applied = q
-            t, n = self.snapshot()
-            self._versions[q + self._n_m] = (q, t, n)
+            self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
 
     def state_after(self, q: int) -> tuple[tuple, tuple]:
         with self._lock:
             _, t, n = self._versions[q + self._n_m]
             return t, n
 
-    def _add_impl(self, variables, deltas):
-        for v, d in zip(variables, deltas):
+    def _rebase_impl(self, new, old, later):
+        """w_local += new - old; every later version moves by the same delta. Returns the
+        new values (copies: `new` may be another device's or a pulled tensor) and the
+        moved versions."""
+        new = [tf.identity(x) for x in new]
+        delta = [a - b for a, b in zip(new, old)]
+        for v, d in zip(self.variables, delta):
             keras_shim.variable_handle(v).assign_add(d)
+        return new, [[x + d for x, d in zip(version, delta)] for version in later]
 
     def rebase(self, q: int, trainable: Sequence, non_trainable: Sequence) -> None:
         """Make w_local as of update q equal the given values, keeping later updates."""
         with self._lock:
             last, t_old, n_old = self._versions[q + self._n_m]
+            # Versions after q already taken: they move too.
+            later = [p for p in self._versions if p > q + self._n_m]
             with tf.device(self.device):
-                new = [tf.identity(x) for x in (*trainable, *non_trainable)]
-                delta = [a - b for a, b in zip(new, (*t_old, *n_old))]
-                self._add_fn(self.variables, delta)
-                k = len(self.trainable)
-                for p, (u, t, n) in list(self._versions.items()):
-                    if p > q + self._n_m:   # versions after q already taken: move them too
-                        moved = [a + b for a, b in zip((*t, *n), delta)]
-                        self._versions[p] = (u, tuple(moved[:k]), tuple(moved[k:]))
-                self._versions[q + self._n_m] = (last, tuple(new[:k]), tuple(new[k:]))
+                new, moved = self._rebase_fn(
+                    [*trainable, *non_trainable], [*t_old, *n_old],
+                    [[*self._versions[p][1], *self._versions[p][2]] for p in later])
+            k = len(self.trainable)
+            for p, values in zip(later, moved):
+                self._versions[p] = (self._versions[p][0], tuple(values[:k]),
+                                     tuple(values[k:]))
+            self._versions[q + self._n_m] = (last, tuple(new[:k]), tuple(new[k:]))
 
 
 class WeightVersions:

@@ -38,6 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
+from hetpipe_tf.partitioner.plan import PartitionError
 
 # Bisection stops when (upper - lower) <= REL_TOL * upper: the prefix sums the DP compares
 # with T carry float rounding of this order on 1000-layer models, so closer is noise.
@@ -47,6 +48,8 @@ _NO_BOUND = float(np.finfo(np.float64).max)
 # Below this relative bracket the bisection tries the bracket's lower end (a reachable value
 # after a failed check): if a layout meets it, that layout is optimal without more steps.
 _NARROW = 1e-6
+# Past this many cells a check (numpy arrays of that many float64) would not fit memory.
+MAX_WORK = 1_000_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +317,14 @@ def solve(cm: CostModel, devices: Sequence[Any], *, feasibility_only: bool = Fal
     """The layout with the smallest slowest stage over every device order (None when no
     layout fits). `deadline` (time.perf_counter()) stops the bisection early: the best
     layout found stands, with proven=False. `feasibility_only`: the first fitting layout."""
+    work = work_estimate(devices, cm.num_layers)
+    if work > MAX_WORK:
+        raise PartitionError(
+            f"The DP's tables would be too large for these devices: too many classes of "
+            f"interchangeable devices (the count vectors grow as 2^classes). Received: "
+            f"{len(device_classes(devices))} classes of {len(devices)} devices, "
+            f"{cm.num_layers} layers, {work} cells per check (limit {MAX_WORK}); use "
+            "SolverOptions(method=Method.AUTO) or Method.MILP.")
     problem = Problem(cm, devices)
     found = problem.layout(None)
     checks = 1

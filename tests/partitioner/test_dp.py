@@ -186,3 +186,14 @@ def test_a_cost_model_the_dp_does_not_know_is_refused(monkeypatch):
     cm = CostModel(profile, devices, cluster, n_m=1)
     with pytest.raises(AssertionError, match="disagree with CostModel.evaluate"):
         dp.solve(cm, devices)
+
+
+def test_too_many_device_classes_for_the_dp_is_refused_before_work():
+    """16 devices each its own class: 2^16 count vectors. Method.DP refuses by name; AUTO
+    leaves such a worker to the MILP."""
+    profile, devices, cluster = random_instance(7, 100, 16, memory_scale=100.0)
+    assert len(dp.device_classes(devices)) == 16
+    cm = CostModel(profile, devices, cluster, n_m=1)
+    with pytest.raises(PartitionError, match="too many classes.*Received: 16 classes"):
+        dp.solve(cm, devices)
+    assert not milp.SolverOptions().uses_dp(devices, 100)

@@ -112,7 +112,10 @@ class PipelineRuntime(Executor):
         self._on_run_start = on_run_start
         self._on_run_end = on_run_end
         self._update_metrics = update_metrics
-        # Several virtual workers update the model's shared metrics: one at a time.
+        # Several virtual workers update the model's shared metrics: one at a time, so
+        # their update is a call of its own under the shared lock. One virtual worker: the
+        # last stage updates them inside its compiled task (one call less per minibatch).
+        self._fuse_metrics = metrics_lock is None
         self._metrics_lock = metrics_lock or threading.Lock()
         self._queues = [queue.Queue() for _ in self.stages]
         self._cond = threading.Condition()
@@ -165,8 +168,12 @@ class PipelineRuntime(Executor):
             self._raise_if_failed()
             self.submitted += 1
             mb = Minibatch(self.submitted, inputs, y, sample_weight, run=self._run)
+            self._outstanding += 1
+        # (Running a 1-stage task on the caller's thread instead was measured slower: a
+        # compiled function called from inside the Keras step's py_function; see
+        # docs/performance.md.)
         kind = TaskKind.FORWARD_BACKWARD if len(self.stages) == 1 else TaskKind.FORWARD
-        self._put(self._queues[0], (kind, mb, None))
+        self._queues[0].put((kind, mb, None))
 
     def wait_for_room(self) -> None:
         """Block until a minibatch can be submitted without waiting (fewer than N_m in
@@ -242,24 +249,29 @@ class PipelineRuntime(Executor):
 
     # --- stage threads ------------------------------------------------------------------
     def _worker(self, j: int) -> None:
-        stage = self.stages[j]
         q = self._queues[j]
         while True:
             item = q.get()
             if item is _STOP:
                 return
-            kind, mb, payload = item
-            t0 = time.perf_counter()
-            try:
-                with self._cond:
-                    drop = kind != _APPLY and (self._error is not None or mb.run != self._run)
-                if not drop:   # else failed or aborted before commit: dropped
-                    self._run_task(j, stage, kind, mb, payload, t0)
-            except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
-                what = "the update" if kind == _APPLY else kind.value
-                self._fail(e, f"stage {j} on {stage.device} ({what} of minibatch {mb.id})")
-            finally:
-                self._done()
+            self._execute(j, item)
+
+    def _execute(self, j: int, item) -> None:
+        """Run one task of stage j (counted in `_outstanding` by whoever queued it)."""
+        kind, mb, payload = item
+        stage = self.stages[j]
+        t0 = time.perf_counter()
+        try:
+            # Unlocked reads: an abort or failure that lands just after them is handled at
+            # the commit (under the lock), as one that lands during the task.
+            drop = kind != _APPLY and (self._error is not None or mb.run != self._run)
+            if not drop:   # else failed or aborted before commit: dropped
+                self._run_task(j, stage, kind, mb, payload, t0)
+        except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
+            what = "the update" if kind == _APPLY else kind.value
+            self._fail(e, f"stage {j} on {stage.device} ({what} of minibatch {mb.id})")
+        finally:
+            self._done()
 
     def _put(self, q: queue.Queue, item) -> None:
         with self._cond:
@@ -269,7 +281,8 @@ class PipelineRuntime(Executor):
     def _done(self) -> None:
         with self._cond:
             self._outstanding -= 1
-            self._cond.notify_all()
+            if not self._outstanding:   # only an abort waits for this
+                self._cond.notify_all()
 
     def _record(self, j: int, kind: TaskKind, p: int, t0: float) -> None:
         if self.trace_enabled:
@@ -292,16 +305,22 @@ class PipelineRuntime(Executor):
         elif kind is TaskKind.FORWARD_BACKWARD:
             inputs = mb.inputs if j == 0 else payload
             tvals, nvals = self.versions.take(mb.id, j)
-            wg, in_grads, loss, outputs, deltas = stage.forward_backward(
-                tvals, nvals, inputs, mb.y, mb.sample_weight)
+            extra = None if j == 0 else mb.extra_loss
+            if self._fuse_metrics:
+                with self._metrics_lock:
+                    wg, in_grads, _, _, deltas, logs = stage.forward_backward(
+                        tvals, nvals, inputs, mb.y, mb.sample_weight, extra_loss=extra,
+                        metrics=self._update_metrics)
+                    self._set_logs(logs)
+            else:
+                wg, in_grads, loss, outputs, deltas, _ = stage.forward_backward(
+                    tvals, nvals, inputs, mb.y, mb.sample_weight)
+                total = loss if extra is None else loss + extra
+                with self._metrics_lock, tf.device(stage.device):
+                    self._set_logs(self._update_metrics(
+                        total, mb.y, stage.program.pack_outputs(outputs), mb.sample_weight))
             mb.grads[j] = wg
             mb.deltas[j] = deltas
-            total = loss if j == 0 else loss + mb.extra_loss
-            with self._metrics_lock, tf.device(stage.device):
-                logs = self._update_metrics(total, mb.y, stage.program.pack_outputs(outputs),
-                                            mb.sample_weight)
-                self.logs = {k: val.numpy() for k, val in logs.items()}
-                self.logs_time = time.perf_counter()
             self._record(j, kind, mb.id, t0)
             if j == 0:
                 self._commit(mb)
@@ -315,6 +334,12 @@ class PipelineRuntime(Executor):
                 self._commit(mb)
             else:
                 self._put(self._queues[j - 1], (TaskKind.BACKWARD, mb, in_grads))
+
+    def _set_logs(self, logs: dict) -> None:
+        # Eager tensors, not numpy: the Keras step hands them back as they are, and a
+        # .numpy() per log would wait for the values on this thread every minibatch.
+        self.logs = dict(logs)
+        self.logs_time = time.perf_counter()
 
     def _updater(self) -> None:
         while True:

@@ -76,6 +76,8 @@ class Stage:
         self._model = model
         self._forward_fn = tf.function(self._forward_impl, reduce_retracing=True)
         self._fwd_bwd_fn = tf.function(self._fwd_bwd_impl, reduce_retracing=True)
+        self._fwd_bwd_metrics_fn = None   # built for the first metrics function given
+        self._metrics = None
         self.emulated_sleep_s = 0.0  # total time slept for emulation (labelled as such)
 
     @classmethod
@@ -123,6 +125,13 @@ class Stage:
         grads = tape.gradient(loss, [tvals, fin])
         return grads[0], grads[1], loss, outputs, deltas, new_s
 
+    def _fwd_bwd_metrics_impl(self, tvals, vvals, svals, inputs, y, sample_weight, extra):
+        wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd_impl(tvals, vvals, svals, inputs,
+                                                                  y, sample_weight)
+        total = loss if extra is None else loss + extra
+        logs = self._metrics(total, y, self.program.pack_outputs(outputs), sample_weight)
+        return wg, ig, total, outputs, deltas, new_s, logs
+
     # --- tasks (call on the stage's thread) ---------------------------------------------
     def _emulate(self, t0: float) -> None:
         if self.emulated_speed_factor < 1.0:
@@ -131,6 +140,8 @@ class Stage:
             self.emulated_sleep_s += extra
 
     def _read_sequential(self):
+        if not self.sequential_nt:   # most models: nothing to read per task
+            return []
         return [tf.identity(_keras_shim.variable_handle(v)) for v in self.sequential_nt]
 
     def _write_sequential(self, new_s) -> None:
@@ -172,18 +183,33 @@ class Stage:
         self._emulate(t0)
         return wg, in_grads
 
-    def forward_backward(self, tvals, vvals, inputs, y, sample_weight):
+    def forward_backward(self, tvals, vvals, inputs, y, sample_weight, extra_loss=None,
+                         metrics=None):
         """The last stage's single task. Returns (weight grads, input grads, loss, outputs,
-        nt_deltas)."""
+        nt_deltas, logs). With `metrics` (update_metrics(total loss, y, y_pred,
+        sample_weight) -> logs, a tf.function) the metrics are updated inside the same
+        compiled call; `loss` is then the total loss (with `extra_loss`, the earlier
+        stages' added losses) and `logs` their result; else logs is None."""
         t0 = time.perf_counter()
         with tf.device(self.device):
             inputs = list(inputs)
-            wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd_fn(
-                list(tvals), list(vvals), self._read_sequential(), inputs, y, sample_weight)
+            if metrics is None:
+                wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd_fn(
+                    list(tvals), list(vvals), self._read_sequential(), inputs, y,
+                    sample_weight)
+                logs = None
+            else:
+                if self._metrics is not metrics:   # traced with this metrics function
+                    self._metrics = metrics
+                    self._fwd_bwd_metrics_fn = tf.function(self._fwd_bwd_metrics_impl,
+                                                           reduce_retracing=True)
+                wg, ig, loss, outputs, deltas, new_s, logs = self._fwd_bwd_metrics_fn(
+                    list(tvals), list(vvals), self._read_sequential(), inputs, y,
+                    sample_weight, extra_loss)
             self._write_sequential(new_s)
             in_grads = self._spread(self._grad_mask(inputs), ig)
         self._emulate(t0)
-        return wg, in_grads, loss, outputs, deltas
+        return wg, in_grads, loss, outputs, deltas, logs
 
     def _grad_mask(self, inputs) -> list[bool]:
         return [g and x.dtype.is_floating for x, g in zip(inputs, self._in_grad)]

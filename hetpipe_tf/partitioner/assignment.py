@@ -102,7 +102,7 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
     windows = _m.cut_windows(cm, None, bound if bound is not None else np.inf)
     if windows is None:
         return None
-    _m._fix_outside_windows(upper, windows, n)
+    _m._fix_outside_windows(upper, windows, n, cm.allowed)
     bounds = Bounds(np.zeros(nv), upper)
     while True:
         solution = _m._run_milp(c, b, integrality, bounds, opts)

@@ -135,6 +135,13 @@ class CostModel:
             self._update_time[d.name] = np.asarray(updates, dtype=np.float64) / f
             self._layer_time[d.name] = self._compute_time[d.name] + self._update_time[d.name]
         self.capacity = {d.name: int(cluster.memory_of(d) * usable_fraction) for d in self.devices}
+        # allowed[c]: a stage may end at node c (False between the calls of a shared layer).
+        self.allowed = np.ones(max(self.num_layers - 1, 0), dtype=bool)
+        self.allowed[list(getattr(profile, "forbidden_cuts", ()))] = False
+
+    def cuts_allowed(self, cuts: Sequence[int]) -> bool:
+        """Whether every cut of a layout is one a plan may use."""
+        return all(self.allowed[c] for c in cuts)
 
     # --- arrays the MILP is built from --------------------------------------------------
     def layer_time(self, device: Any) -> np.ndarray:

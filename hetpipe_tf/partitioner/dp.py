@@ -165,6 +165,8 @@ class Problem:
         self.k = k = len(devices)
         self.L = L = cm.num_layers
         self.classes = classes = device_classes(devices)
+        # Ends no stage but the last may have (between two calls of a shared layer).
+        self.forbidden = np.flatnonzero(~cm.allowed)
         G = len(classes)
         sizes = [len(c) for c in classes]
         rep = [c[0] for c in classes]
@@ -230,6 +232,8 @@ class Problem:
         for i, h in enumerate(first.cls):
             ok = np.flatnonzero(np.arange(L) <= self.emax[0, h][0])
             part[i, ok] = self.P[h, ok + 1] - self.P[h, 0]
+        if self.k > 1:
+            part[:, self.forbidden] = np.inf
         over = part > T
         event = float(part[over].min(initial=np.inf))
         part[over] = np.inf
@@ -248,6 +252,8 @@ class Problem:
             for h in np.unique(level.cls):
                 rows = np.flatnonzero(level.cls == h)
                 part[rows] = self.intervals[p, h].min_over(keys[rows]) + self.P[h, 1:]
+            if p < self.k - 1:
+                part[:, self.forbidden] = np.inf
             over = part > T
             event = min(event, float(part[over].min(initial=np.inf)))
             part[over] = np.inf
@@ -306,9 +312,10 @@ class Problem:
 
 def _cost(cm: CostModel, cuts: Sequence[int], order: Sequence[Any]) -> float:
     costs = cm.evaluate(cuts, order)
-    if not all(c.fits for c in costs):   # integer bytes on both sides: a bug otherwise
+    if not cm.cuts_allowed(cuts) or not all(c.fits for c in costs):   # a bug otherwise
         raise AssertionError(f"internal error: the DP chose a layout that does not fit "
-                             f"memory (cuts={list(cuts)}); please report it")
+                             f"memory or cuts a shared layer (cuts={list(cuts)}); please "
+                             "report it")
     return max(c.time_s for c in costs)
 
 

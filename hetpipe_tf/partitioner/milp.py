@@ -259,6 +259,8 @@ def heuristic_partition(cm: CostModel, order: Sequence[Any]) -> tuple[float, lis
             by_time = np.searchsorted(prefix[j], prefix[j][start] + budget, side="right") - 2
             by_memory = np.searchsorted(memory[j], room, side="right") - 2
             c = min(int(by_time), int(by_memory), L - 2 - (k - 2 - j))
+            while c >= start and not cm.allowed[c]:   # the nearest allowed cut before it
+                c -= 1
             if c < start:
                 return None
             cuts.append(c)
@@ -283,12 +285,15 @@ def heuristic_partition(cm: CostModel, order: Sequence[Any]) -> tuple[float, lis
 
 
 def _fix_outside_windows(upper: np.ndarray, windows: tuple[np.ndarray, np.ndarray],
-                         num_cuts: int) -> None:
-    """Fix to 0 (upper bound 0) every cut variable outside its boundary's window."""
+                         num_cuts: int, allowed: np.ndarray | None = None) -> None:
+    """Fix to 0 (upper bound 0) every cut variable outside its boundary's window, and at
+    the cuts no plan may use (`allowed` False: between two calls of a shared layer)."""
     for j, (lo, hi) in enumerate(zip(*windows)):
         row = upper[j * num_cuts:(j + 1) * num_cuts]
         row[:lo] = 0
         row[hi + 1:] = 0
+        if allowed is not None:
+            row[~allowed[:num_cuts]] = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,7 +409,10 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
         windows = cut_windows(cm, order, upper if objective == "time" else np.inf)
         if windows is None:
             return None
-        _fix_outside_windows(b_upper, windows, n)
+        _fix_outside_windows(b_upper, windows, n, cm.allowed)
+    elif nb:
+        _fix_outside_windows(b_upper, (np.zeros(k - 1, int), np.full(k - 1, n - 1)), n,
+                             cm.allowed)
     bounds = Bounds(np.r_[np.zeros(nb), t_lower], np.r_[b_upper, t_upper])
     while True:
         solution = _run_milp(c, b, np.r_[np.ones(nb), 0], bounds, opts)
@@ -454,6 +462,13 @@ def _check_inputs(profile: Any, devices: Sequence[Any], n_m: int) -> None:
             f"Every device needs at least one layer, but the model has fewer layers than the "
             f"virtual worker has devices. Received: {len(profile.layers)} layers, "
             f"{len(devices)} devices; use fewer devices per virtual worker.")
+    allowed = len(profile.layers) - 1 - len(getattr(profile, "forbidden_cuts", ()))
+    if len(devices) - 1 > allowed:
+        raise PartitionError(
+            f"The model cannot be cut into that many stages: the calls of a shared layer "
+            f"(tied weights) stay in one stage, which leaves {allowed} allowed cuts. Received: "
+            f"{len(devices)} devices; use at most {allowed + 1} devices per virtual worker, or "
+            "untie the weights (docs/partitioner.md, Shared layers).")
 
 
 def _search_dp(cm: CostModel, devices: Sequence[Any], opts: SolverOptions, objective: str
@@ -570,7 +585,8 @@ def _search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
 def _to_plan(cm: CostModel, profile: Any, best: _Best, n_m: int, slots: int, solver: str,
              n_orders: int, seconds: float) -> Plan:
     costs = cm.evaluate(best.cuts, best.order)
-    if not all(c.fits for c in costs):   # every path re-checks; this guards the guarantee
+    # every path re-checks; this guards the guarantee
+    if not cm.cuts_allowed(best.cuts) or not all(c.fits for c in costs):
         raise AssertionError(f"internal error: the planner chose a layout that does not fit "
                              f"memory (cuts={best.cuts}); please report it")
     bounds = [-1, *best.cuts, cm.num_layers - 1]
@@ -579,7 +595,7 @@ def _to_plan(cm: CostModel, profile: Any, best: _Best, n_m: int, slots: int, sol
         StagePlan(index=j, device=d.name, device_type=d.type_name, tf_device=d.tf_device,
                   first=bounds[j] + 1, last=bounds[j + 1],
                   layer_names=tuple(names[bounds[j] + 1:bounds[j + 1] + 1]),
-                  compute_s=c.compute_s, recv_forward_s=c.recv_forward_s,
+                  compute_s=c.compute_s, update_s=c.update_s, recv_forward_s=c.recv_forward_s,
                   recv_backward_s=c.recv_backward_s, memory_bytes=c.memory_bytes,
                   memory_available=c.memory_available, minibatches_held=c.held,
                   emulated_speed_factor=d.emulated_speed_factor)

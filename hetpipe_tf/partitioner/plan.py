@@ -34,11 +34,13 @@ class StagePlan:
     memory_available: int
     minibatches_held: int
     emulated_speed_factor: float = 1.0
+    update_s: float = 0.0   # the stage's own update per minibatch (optimizer + next version)
 
     @property
     def time_s(self) -> float:
-        """Predicted time of one minibatch's forward+backward on this stage."""
-        return self.compute_s + self.recv_forward_s + self.recv_backward_s
+        """Predicted time of one minibatch on this stage: forward+backward, its update and
+        receiving activations and gradients (the cost model's `StageCost.time_s`)."""
+        return self.compute_s + self.update_s + self.recv_forward_s + self.recv_backward_s
 
     @property
     def num_layers(self) -> int:
@@ -164,7 +166,7 @@ class Plan:
                 raise ValueError(
                     f"Plan stage {j} has unknown or missing keys. Received: unknown="
                     f"{sorted(bad)}, missing={sorted(lacking)}; use exactly "
-                    f"{sorted(stage_required)} (plus emulated_speed_factor).")
+                    f"{sorted(stage_required)} (plus emulated_speed_factor, update_s).")
             names = s["layer_names"]
             if isinstance(names, str) or not all(isinstance(n, str) for n in names):
                 raise ValueError(
@@ -203,14 +205,14 @@ class Plan:
         head = (f"Plan for {self.model_name}: batch_size={self.batch_size}, N_m={self.n_m}, "
                 f"{self.num_stages} stages, bottleneck stage {self.bottleneck.index} "
                 f"({self.bottleneck.time_s * 1e3:.2f} ms/minibatch)")
-        rows = [("stage", "device", "type", "layers", "first..last", "compute ms", "comm ms",
-                 "total ms", "memory GiB used/avail", "held")]
+        rows = [("stage", "device", "type", "layers", "first..last", "compute ms", "update ms",
+                 "comm ms", "total ms", "memory GiB used/avail", "held")]
         for s in self.stages:
             emul = f" (emulated x{s.emulated_speed_factor:g})" if s.emulated_speed_factor != 1 else ""
             rows.append((
                 str(s.index), s.device + emul, s.device_type, str(s.num_layers),
                 f"{s.layer_names[0]}..{s.layer_names[-1]}", f"{s.compute_s * 1e3:.2f}",
-                f"{(s.recv_forward_s + s.recv_backward_s) * 1e3:.2f}",
+                f"{s.update_s * 1e3:.2f}", f"{(s.recv_forward_s + s.recv_backward_s) * 1e3:.2f}",
                 f"{s.time_s * 1e3:.2f}",
                 f"{s.memory_bytes / 2**30:.2f}/{s.memory_available / 2**30:.2f}",
                 str(s.minibatches_held)))

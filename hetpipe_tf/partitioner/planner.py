@@ -91,7 +91,9 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
     if profile is None:
         types = sorted({d.type_name for d in chosen})
         profile = profile_model(model, batch_size, types,
-                                measure_on=measurable_devices(chosen) if measure else {})
+                                measure_on=measurable_devices(chosen) if measure else {},
+                                # an int says only the slot count: cost the model's own
+                                optimizer=None if isinstance(optimizer, int) else optimizer)
     elif profile.batch_size != batch_size:
         profile = profile.scaled(batch_size)
     max_m = milp.max_minibatches(profile, chosen, cluster=cluster, optimizer_slots=slots,

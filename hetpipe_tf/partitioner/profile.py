@@ -131,9 +131,17 @@ class ModelProfile:
     time_source: Mapping[str, str]
     # The optimizer whose update `LayerCost.update_s` times ("" = no update costed).
     update_optimizer: str = ""
+    # Cuts no plan may use: between two calls of a shared layer (`LayerGraph.forbidden_cuts`).
+    forbidden_cuts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "forbidden_cuts", tuple(sorted(int(c) for c in
+                                                                self.forbidden_cuts)))
+        if any(not 0 <= c < len(self.layers) - 1 for c in self.forbidden_cuts):
+            raise ValueError(
+                "forbidden_cuts must index cuts (0 <= cut < layers - 1). Received: "
+                f"forbidden_cuts={list(self.forbidden_cuts)[:8]}, {len(self.layers)} layers.")
         object.__setattr__(self, "cut_bytes", tuple(int(b) for b in self.cut_bytes))
         object.__setattr__(self, "time_source", types.MappingProxyType(dict(self.time_source)))
         if self.batch_size <= 0:
@@ -186,6 +194,7 @@ class ModelProfile:
             "cut_bytes": list(self.cut_bytes),
             "time_source": dict(self.time_source),
             "update_optimizer": self.update_optimizer,
+            "forbidden_cuts": list(self.forbidden_cuts),
         }
 
     @classmethod
@@ -541,6 +550,7 @@ def profile_model(
         cut_bytes=tuple(b * batch_size for b in graph.all_cut_bytes_per_sample()),
         time_source=source,
         update_optimizer=optimizer_name(optimizer) if optimizer is not None else "",
+        forbidden_cuts=tuple(sorted(graph.forbidden_cuts())),
     )
 
 

@@ -71,12 +71,14 @@ def clustered_instance(seed: int, num_layers: int, class_sizes: tuple[int, ...],
 
 
 def exhaustive_best(profile, devices, cluster, n_m, optimizer_slots=0, usable_fraction=0.9):
-    """The independent reference: every order and every set of cuts, cost by CostModel."""
+    """The independent reference: every order and every set of allowed cuts (none between
+    two calls of a shared layer: `profile.forbidden_cuts`), cost by CostModel."""
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
                    usable_fraction=usable_fraction)
     best = None
+    allowed = [c for c in range(len(profile.layers) - 1) if c not in profile.forbidden_cuts]
     for order in itertools.permutations(devices):
-        for cuts in itertools.combinations(range(len(profile.layers) - 1), len(devices) - 1):
+        for cuts in itertools.combinations(allowed, len(devices) - 1):
             costs = cm.evaluate(list(cuts), order)
             if all(c.fits for c in costs):
                 value = max(c.time_s for c in costs)

@@ -30,6 +30,7 @@ class TaskKind(enum.Enum):
     FORWARD = "fwd"
     BACKWARD = "bwd"
     FORWARD_BACKWARD = "fwd+bwd"  # the last stage's single task
+    APPLY = "apply"   # a stage's update of a committed minibatch (`simulate`'s update_time)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -100,13 +101,20 @@ def task_kinds(stage: int, num_stages: int) -> tuple[TaskKind, ...]:
 def simulate(num_stages: int, n_m: int, num_minibatches: int,
              forward_time: Sequence[float] | None = None,
              backward_time: Sequence[float] | None = None,
-             arrival: Sequence[float] | None = None) -> list[Event]:
+             arrival: Sequence[float] | None = None,
+             update_time: Sequence[float] | None = None) -> list[Event]:
     """Event order of one virtual worker under the Section 4 rules (a discrete-event model).
 
     `forward_time[j]` / `backward_time[j]` are stage j's task durations (default 1 and 2);
     the last stage's single task takes the sum of both. `arrival[p-1]` is when minibatch p
     is handed to the virtual worker (default 0: the input is never the bottleneck).
     Minibatch p enters stage 0 once it arrived and minibatch p-N_m completed.
+
+    `update_time[j]` (default none): stage j's own update per minibatch, where the runtime
+    runs it (`pipeline/runtime.py`): when stage 0 finishes p's backward, p is committed;
+    every other stage gets an APPLY task of p, ready then and FIFO with its other tasks;
+    stage 0 applies its part at once on its thread and p completes after that (so p + N_m
+    enters after it). Updates are events of kind APPLY.
     Returns events sorted by start time (ties by stage).
     """
     _check_positive("num_stages", num_stages)
@@ -116,15 +124,19 @@ def simulate(num_stages: int, n_m: int, num_minibatches: int,
     k = num_stages
     fwd = list(forward_time) if forward_time is not None else [1.0] * k
     bwd = list(backward_time) if backward_time is not None else [2.0] * k
+    upd = list(update_time) if update_time is not None else [0.0] * k
     arr = list(arrival) if arrival is not None else [0.0] * num_minibatches
-    if len(fwd) != k or len(bwd) != k or len(arr) != num_minibatches:
-        raise ValueError("forward_time and backward_time need one value per stage and arrival "
-                         f"one per minibatch. Received: {len(fwd)}, {len(bwd)}, {len(arr)}.")
+    if len(fwd) != k or len(bwd) != k or len(upd) != k or len(arr) != num_minibatches:
+        raise ValueError("forward_time, backward_time and update_time need one value per "
+                         "stage and arrival one per minibatch. Received: "
+                         f"{len(fwd)}, {len(bwd)}, {len(upd)} for {k} stages, {len(arr)} "
+                         f"arrivals for {num_minibatches} minibatches.")
+    if any(u < 0 for u in upd):
+        raise ValueError(f"update_time must be >= 0. Received: update_time={upd}.")
 
     seq = 0
     ready: list[list[tuple[float, int, Task]]] = [[] for _ in range(k)]  # per-stage heaps
     free_at = [0.0] * k
-    done_time: dict[int, float] = {}
     events: list[Event] = []
 
     def push(task: Task, t: float) -> None:
@@ -143,25 +155,36 @@ def simulate(num_stages: int, n_m: int, num_minibatches: int,
         best = None
         for j in range(k):
             if ready[j]:
-                t_ready, s, task = ready[j][0]
-                start = max(t_ready, free_at[j])
+                start = max(ready[j][0][0], free_at[j])
                 if best is None or (start, j) < (best[0], best[1]):
                     best = (start, j)
         start, j = best
         t_ready, _, task = heapq.heappop(ready[j])
         kind = task.kind
-        dur = (fwd[j] + bwd[j]) if kind is TaskKind.FORWARD_BACKWARD else (
-            fwd[j] if kind is TaskKind.FORWARD else bwd[j])
+        if kind is TaskKind.APPLY:
+            dur = upd[j]
+        elif kind is TaskKind.FORWARD_BACKWARD:
+            dur = fwd[j] + bwd[j]
+        else:
+            dur = fwd[j] if kind is TaskKind.FORWARD else bwd[j]
         end = start + dur
         free_at[j] = end
         events.append(Event(task, t_ready, start, end))
         p = task.minibatch
+        if kind is TaskKind.APPLY:
+            continue
         if kind is TaskKind.FORWARD:
             push(Task(j + 1, p, first_kind(j + 1)), end)
         elif j > 0:
             push(Task(j - 1, p, TaskKind.BACKWARD), end)
-        else:  # stage 0 finished p's backward (or k == 1): p completed
-            done_time[p] = end
+        else:  # stage 0 finished p's backward (or k == 1): p is committed
+            for i in range(1, k):
+                if upd[i] > 0:
+                    push(Task(i, p, TaskKind.APPLY), end)
+            if upd[0] > 0:   # stage 0's own update, on its thread, before anything else
+                events.append(Event(Task(0, p, TaskKind.APPLY), end, end, end + upd[0]))
+                end += upd[0]
+                free_at[0] = end
             nxt = p + n_m
             if nxt <= num_minibatches:
                 push(Task(0, nxt, first_kind(0)), max(end, arr[nxt - 1]))

@@ -21,7 +21,6 @@ from typing import Sequence
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.sim.model import SimConfig, VirtualWorker
 from hetpipe_tf.core.schedule import Event, Task, TaskKind
-from hetpipe_tf.sim.updates import APPLY
 
 
 def gpipe_events(forward_s: Sequence[float], backward_s: Sequence[float], micro_batches: int,
@@ -57,9 +56,10 @@ def gpipe_events(forward_s: Sequence[float], backward_s: Sequence[float], micro_
         t0 = b_end[0][m_n]
         for j in range(k):
             if upd[j] > 0:
-                events.append(Event(Task(j, base + m_n, APPLY), b_end[j][m_n], b_end[j][m_n],
-                                    b_end[j][m_n] + upd[j]))
-                t0 = max(t0, b_end[j][m_n] + upd[j])
+                done = b_end[j][m_n]
+                events.append(Event(Task(j, base + m_n, TaskKind.APPLY), done, done,
+                                    done + upd[j]))
+                t0 = max(t0, done + upd[j])
     events.sort(key=lambda e: (e.start, e.task.stage))
     return events
 

@@ -12,9 +12,9 @@ Forward/backward split of a stage's time (a decision; the Plan only has forward+
 same 3x rule the profiler uses). The last stage runs both as one task (Section 4).
 
 Update: each stage's per-minibatch update (optimizer step + the next weight-version
-snapshot; `SimStage.update_s`) is charged where the runtime runs it (`updates.py`): on
-stage 0 right after the minibatch's backward (the minibatch completes after it), on every
-other stage as an APPLY task queued when stage 0 committed the minibatch. `from_plan`
+snapshot; `SimStage.update_s`) is charged where the runtime runs it (`core.schedule.simulate`'s
+`update_time`): on stage 0 right after the minibatch's backward (the minibatch completes
+after it), on every other stage as an APPLY task queued when stage 0 committed it. `from_plan`
 takes it per stage (`update_s=`, e.g. `stage_update_times(plan, profile)`).
 
 `compute_scale` is an explicit, labelled contention parameter: every stage's compute time
@@ -202,13 +202,12 @@ def from_plan(plan: Plan, cluster: Cluster, *, name: str = "vw0",
     cut_bytes: per LAYER cut (profile.cut_bytes), to count activation bytes moved.
     compute_scale: the labelled contention factor of the module doc.
     update_s: each stage's update seconds per minibatch (`stage_update_times`); None =
-      the plan's own figure where its stages carry one (`update_s`), else 0.
+      the plan's own `StagePlan.update_s` (0 in hand-made plans).
     """
     if compute_scale <= 0:
         raise ValueError(f"compute_scale must be > 0. Received: compute_scale={compute_scale}.")
     if update_s is None:
-        # A StagePlan carries no update figure yet (proposed in issue 9): 0 without one.
-        update_s = [float(getattr(s, "update_s", 0.0)) for s in plan.stages]
+        update_s = [float(s.update_s) for s in plan.stages]
     if len(update_s) != plan.num_stages:
         raise ValueError(f"update_s needs one value per stage. Received: {len(update_s)} for "
                          f"{plan.num_stages} stages; pass stage_update_times(plan, profile).")

@@ -1,7 +1,7 @@
 """One VW's Section 4 pipeline under WSP gates: the glue between the engine and the rules.
 
-The pipeline is `hetpipe_tf.core.schedule.simulate` itself (`updates.simulate_pipeline`
-when stages have an update: the same rules plus the runtime's apply tasks); WSP enters
+The pipeline is `hetpipe_tf.core.schedule.simulate` itself (with each stage's update where
+the runtime runs it: its `update_time`); WSP enters
 through its `arrival` argument (the gate of minibatch p: when the pull bringing the global wave it
 needs completed, `core/wsp.py`). Nothing here decides an order of tasks.
 
@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from hetpipe_tf.core import wsp
+from hetpipe_tf.core import schedule, wsp
 from hetpipe_tf.sim.model import SimConfig, VirtualWorker
 from hetpipe_tf.core.schedule import Event, TaskKind
-from hetpipe_tf.sim.updates import simulate_pipeline
 
 
 def pull_waves(cfg: SimConfig) -> list[int | None]:
@@ -62,7 +61,7 @@ def wave_ends(events: Sequence[Event], k: int, n_m: int, waves: range) -> list[l
 
 
 class PipelineCache:
-    """`simulate_pipeline` of a VW for given gates, memoised: VWs with equal stage times
+    """`schedule.simulate` of a VW for given gates, memoised: VWs with equal stage times
     and equal gates (every VW before its first pull; in the fixed point, every VW whose
     gates did not change) share one run. Partial runs keep only their wave ends, so their
     events die young (the cyclic GC then has less to walk)."""
@@ -78,9 +77,9 @@ class PipelineCache:
                 tuple(arrival))
 
     def _simulate(self, vw: VirtualWorker, arrival: Sequence[float]) -> list[Event]:
-        return simulate_pipeline(vw.num_stages, self._cfg.n_m, len(arrival),
-                                 vw.forward_times, vw.backward_times, vw.update_times,
-                                 arrival=arrival)
+        return schedule.simulate(vw.num_stages, self._cfg.n_m, len(arrival),
+                                 vw.forward_times, vw.backward_times, arrival=arrival,
+                                 update_time=vw.update_times)
 
     def run(self, vw: VirtualWorker, arrival: Sequence[float]) -> list[Event]:
         """Events of every minibatch (the caller must not mutate them)."""

@@ -102,3 +102,77 @@ def test_check_trace_catches_violations():
         sch.check_trace({0: [Task(0, 1, F), Task(0, 2, F), Task(0, 3, F)]}, 2, 2)
     with pytest.raises(sch.ScheduleViolation, match="one task"):
         sch.check_trace({0: [], 1: [Task(1, 1, F)]}, 2, 2)
+
+
+# --- each stage's update, where the runtime runs it --------------------------------------
+def _spans(events):
+    return {(e.task.stage, e.task.minibatch, e.task.kind): (e.start, e.end) for e in events}
+
+
+def test_two_stages_by_hand():
+    # N_m = 1. p=1: F0 0-1, FB1 1-4, B0 4-6; commit at 6: stage 1's apply is queued (ready
+    # 6), stage 0 applies 6-6.5 and p=1 completes; p=2: F0 6.5-7.5; stage 1 runs its apply
+    # 6-9 first (FIFO), then FB1(2) 9-12; B0(2) 12-14; applies 14-14.5 and 14-17.
+    ev = sch.simulate(2, 1, 2, [1, 1], [2, 2], update_time=[0.5, 3])
+    assert _spans(ev) == {
+        (0, 1, TaskKind.FORWARD): (0, 1), (1, 1, TaskKind.FORWARD_BACKWARD): (1, 4),
+        (0, 1, TaskKind.BACKWARD): (4, 6), (0, 1, TaskKind.APPLY): (6, 6.5), (1, 1, TaskKind.APPLY): (6, 9),
+        (0, 2, TaskKind.FORWARD): (6.5, 7.5), (1, 2, TaskKind.FORWARD_BACKWARD): (9, 12),
+        (0, 2, TaskKind.BACKWARD): (12, 14), (0, 2, TaskKind.APPLY): (14, 14.5),
+        (1, 2, TaskKind.APPLY): (14, 17)}
+
+
+def test_one_stage_update_follows_its_task():
+    ev = sch.simulate(1, 2, 3, [1], [2], update_time=[0.5])
+    # p=1, 2 enter at 0: 0-3, apply 3-3.5 (p=1 done -> p=3 ready 3.5), p=2 3.5-6.5, ...
+    assert [(e.task.minibatch, e.task.kind, e.start, e.end) for e in ev] == [
+        (1, TaskKind.FORWARD_BACKWARD, 0, 3), (1, TaskKind.APPLY, 3, 3.5),
+        (2, TaskKind.FORWARD_BACKWARD, 3.5, 6.5), (2, TaskKind.APPLY, 6.5, 7),
+        (3, TaskKind.FORWARD_BACKWARD, 7, 10), (3, TaskKind.APPLY, 10, 10.5)]
+
+
+_times = st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0]), min_size=4, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(k=st.integers(1, 4), n_m=st.integers(1, 4), m=st.integers(0, 12), f=_times, b=_times,
+       arrivals=st.lists(st.sampled_from([0.0, 1.0, 5.0]), min_size=12, max_size=12))
+def test_zero_updates_change_nothing(k, n_m, m, f, b, arrivals):
+    arr = sorted(arrivals[:m])
+    assert sch.simulate(k, n_m, m, f[:k], b[:k], arrival=arr, update_time=[0.0] * k) == \
+        sch.simulate(k, n_m, m, f[:k], b[:k], arrival=arr)
+
+
+@settings(max_examples=150, deadline=None)
+@given(k=st.integers(1, 4), n_m=st.integers(1, 4), m=st.integers(1, 10), f=_times, b=_times,
+       u=_times)
+def test_updates_where_the_runtime_runs_them(k, n_m, m, f, b, u):
+    ev = sch.simulate(k, n_m, m, f[:k], b[:k], update_time=u[:k])
+    spans = _spans(ev)
+    last = TaskKind.FORWARD_BACKWARD if k == 1 else TaskKind.BACKWARD
+    for j in range(k):   # a stage runs one task at a time, and every update once
+        mine = sorted((e.start, e.end) for e in ev if e.task.stage == j)
+        assert all(a[1] <= c[0] + 1e-12 for a, c in zip(mine, mine[1:]))
+        assert sum(e.task.kind is TaskKind.APPLY for e in ev if e.task.stage == j) == (m if u[j] else 0)
+    for p in range(1, m + 1):
+        commit = spans[(0, p, last)][1]
+        done = spans[(0, p, TaskKind.APPLY)][1] if u[0] else commit
+        if u[0]:
+            assert spans[(0, p, TaskKind.APPLY)] == (commit, commit + u[0])
+        if p + n_m <= m:
+            assert spans[(0, p + n_m, TaskKind.FORWARD if k > 1 else last)][0] >= done
+        for j in range(1, k):
+            if not u[j]:
+                continue
+            start, end = spans[(j, p, TaskKind.APPLY)]
+            assert start >= commit and end == pytest.approx(start + u[j])
+            if p + n_m <= m:   # the version of p + N_m exists before its forward there
+                first = TaskKind.FORWARD_BACKWARD if j == k - 1 else TaskKind.FORWARD
+                assert spans[(j, p + n_m, first)][0] >= end
+
+
+def test_bad_update_times():
+    with pytest.raises(ValueError, match="one value per stage"):
+        sch.simulate(2, 1, 2, [1, 1], [1, 1], update_time=[1.0])
+    with pytest.raises(ValueError, match="update_time must be >= 0"):
+        sch.simulate(2, 1, 2, [1, 1], [1, 1], update_time=[1.0, -1.0])

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from hetpipe_tf.cluster.spec import paper_cluster
+from hetpipe_tf.cluster.spec import Cluster, paper_cluster
 from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.sim.model import PSShard, SimConfig, SimStage, VirtualWorker
 from hetpipe_tf.core import schedule
@@ -131,3 +131,27 @@ def test_bad_config_messages():
     with pytest.raises(ValueError, match="nbytes"):
         PSShard("host0", -1)
     assert dataclasses.is_dataclass(SimConfig(n_m=1))
+
+
+def test_engine_charges_updates_and_counts_them_busy():
+    cluster = Cluster.local(["LOCAL_CPU", "LOCAL_CPU"])
+    d = [x.name for x in cluster.devices]
+    host = cluster.devices[0].host
+
+    def vw(updates):
+        return VirtualWorker("v", (SimStage(d[0], host, 1.0, 2.0, update_s=updates[0]),
+                                   SimStage(d[1], host, 1.0, 2.0, update_s=updates[1])), 4)
+
+    cfg = SimConfig(n_m=1, num_waves=2)
+    plain, charged = simulate([vw((0, 0))], cfg, cluster), simulate([vw((0.5, 3))], cfg, cluster)
+    # As in test_two_stages_by_hand: p=2 completes at 14.5 (12 without updates), the
+    # makespan ends with stage 1's last update (17).
+    assert plain.vws[0].completions == (6.0, 12.0)
+    assert charged.vws[0].completions == (6.5, 14.5)
+    assert charged.makespan_s == 17.0
+    assert charged.vws[0].busy_s == (2 * (1 + 2 + 0.5), 2 * (3 + 3))
+
+
+def test_bad_stage_update_time():
+    with pytest.raises(ValueError, match="update_s must be a finite number >= 0"):
+        SimStage("d", "h", 1.0, 1.0, update_s=-1.0)

@@ -3,6 +3,7 @@
 import pytest
 
 from hetpipe_tf.cluster.spec import Cluster, Device, Host, paper_cluster
+from hetpipe_tf.core.schedule import TaskKind
 from hetpipe_tf.partitioner.plan import Plan, StagePlan
 from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.sim.gpipe import gpipe_events
@@ -50,3 +51,13 @@ def test_from_plan_splits_forward_and_backward():
     assert vw.stages[0].send_bytes == 7 and vw.batch_size == 16
     with pytest.raises(ValueError, match="Unknown parameter-server host"):
         from_plan(plan, cluster, ps={0: [("nowhere", 1)]})
+
+
+def test_gpipe_updates_after_the_flush():
+    ev = gpipe_events([2, 2], [4, 4], 2, 2, update_s=[1, 3])
+    applies = [(e.task.stage, e.task.minibatch, e.start, e.end) for e in ev
+               if e.task.kind is TaskKind.APPLY]
+    # Minibatch 1: F 0-1,1-2 | 1-2,2-3 ; B stage 1: 3-5,5-7 ; stage 0: 5-7,7-9.
+    assert applies[:2] == [(1, 2, 7, 10), (0, 2, 9, 10)]
+    second = [e for e in ev if e.task.minibatch == 3 and e.task.stage == 0]
+    assert second[0].start == 10   # next minibatch after every stage updated

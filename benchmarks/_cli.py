@@ -52,3 +52,11 @@ def load_cluster(value: str, flag: str = "--cluster"):
         return Cluster.from_json(value)
     except ValueError as e:
         raise ValueError(f"{flag}={value}: {e}") from None
+
+
+def markdown_table(rows: list[tuple[str, ...]]) -> str:
+    """rows[0] is the header; every cell a string. A Markdown table, columns padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    lines.insert(1, "| " + " | ".join("-" * w for w in widths) + " |")
+    return "\n".join(lines)

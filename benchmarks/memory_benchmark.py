@@ -52,7 +52,7 @@ import weakref  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks._cli import run  # noqa: E402
+from benchmarks._cli import markdown_table, run  # noqa: E402
 
 _STAGES = flags.DEFINE_list("stages", ["2", "4"], "Pipeline stages (logical CPU devices).")
 _NM = flags.DEFINE_list("nm", ["1", "2", "4"], "N_m values (minibatches in flight).")
@@ -304,11 +304,7 @@ def _setting(tf, np, keras, k: int, n_m: int, opt: str, profile, ds) -> tuple[li
 
 
 def _table(rows) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    print("| " + " | ".join(c.ljust(w) for c, w in zip(rows[0], widths)) + " |")
-    print("| " + " | ".join("-" * w for w in widths) + " |")
-    for r in rows[1:]:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    print(markdown_table(rows))
 
 
 def main(argv: list[str]) -> None:

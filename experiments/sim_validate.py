@@ -48,6 +48,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
+from benchmarks._cli import markdown_table  # noqa: E402
 
 _NM = flags.DEFINE_list("sim_nm", ["1", "2", "4"], "N_m values to compare.")
 _SIM_STEPS = flags.DEFINE_integer("sim_steps", 30, "Timed minibatches per epoch.")
@@ -133,11 +134,7 @@ def _profile(keras, model, cluster, batch_size: int):
 
 
 def _table(rows) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    print("\n| " + " | ".join(c.ljust(w) for c, w in zip(rows[0], widths)) + " |")
-    print("| " + " | ".join("-" * w for w in widths) + " |")
-    for r in rows[1:]:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    print("\n" + markdown_table(rows))
     print("(samples/s; ratio = simulated / measured)")
 
 

@@ -4,8 +4,9 @@
 it returns at once, so the Keras step that called it does not wait for p. Each stage thread
 takes tasks from its FIFO queue in the order they became ready: a forward task when the
 previous stage sent p's activations, a backward task when the next stage sent p's output
-gradients; the last stage runs forward, loss and backward of p as one task and then updates
-the loss and compiled metrics, in minibatch order. When stage 0 finishes p's backward, p is
+gradients; the last stage runs forward, loss and backward of p as one task and updates the
+loss and compiled metrics, in minibatch order (with one virtual worker inside the same
+compiled call; with several, as a call of its own under their shared metrics lock). When stage 0 finishes p's backward, p is
 committed: stage 0 applies its own part of u_p and snapshots its part of the version of
 p + N_m on its thread and device, and every other stage gets an apply task that does the same
 for its part on its own thread and device (each GPU updates its own weights, as in HetPipe),
@@ -321,6 +322,9 @@ class PipelineRuntime(Executor):
                         total, mb.y, stage.program.pack_outputs(outputs), mb.sample_weight))
             mb.grads[j] = wg
             mb.deltas[j] = deltas
+            # Let go of p's version before the commit applies u_p: a version still alive then
+            # makes the update copy every variable it changes (copy-on-write).
+            del tvals, nvals
             self._record(j, kind, mb.id, t0)
             if j == 0:
                 self._commit(mb)

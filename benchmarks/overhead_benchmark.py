@@ -17,8 +17,8 @@ small  --small_depth x Dense(--small_width), batch --small_batch: plain Keras fi
 large  --large_depth x Dense(--large_width), batch --large_batch: the machine's ceiling (two
        compiled full training steps -- forward, backward, SGD update -- run at once, one per
        device, against one alone: 2 / (time of two / time of one) is the most two devices
-       give), plain Keras fit, and 2-stage pipelines (even split, N_m in --large_nm; the best
-       counts). Goals: best pipeline / plain >= 1 and (best / plain) / ceiling >= 0.85.
+       give), plain Keras fit, and 2-stage pipelines (layers on stage 0 in --large_splits x
+       N_m in --large_nm; the best counts). Goals: best pipeline / plain >= 1 and (best / plain) / ceiling >= 0.85.
 vw     the large model as 2 virtual workers of 1 stage each (one per device, N_m = 1, D = 0,
        every minibatch of the dataset to one VW) against tf.distribute.MirroredStrategy over
        the same two devices on the same dataset (each minibatch split over both replicas),
@@ -57,11 +57,18 @@ _LARGE_WIDTH = flags.DEFINE_integer("large_width", 512, "Units of the large mode
 _LARGE_BATCH = flags.DEFINE_integer("large_batch", 256, "Minibatch of the large model.",
                                     lower_bound=2)
 _LARGE_NM = flags.DEFINE_list("large_nm", ["1", "2", "4"], "N_m of the 2-stage pipelines.")
+_LARGE_SPLITS = flags.DEFINE_list(
+    "large_splits", ["7", "6"],
+    "Layers (of --large_depth + 1) on stage 0 of the 2-stage pipelines; each split is run "
+    "with every --large_nm. The even split puts the extra layer on stage 0.")
 _PARTS = flags.DEFINE_list("parts", ["small", "large", "vw"], "Which parts to run.")
 
 flags.register_validator("large_nm", lambda v: bool(v) and all(s.isdigit() and int(s) > 0
                                                                for s in v),
                          "--large_nm must be positive integers.")
+flags.register_validator("large_splits", lambda v: bool(v) and all(s.isdigit() and int(s) > 0
+                                                                   for s in v),
+                         "--large_splits must be positive integers.")
 flags.register_validator("parts", lambda v: bool(v) and set(v) <= {"small", "large", "vw"},
                          "--parts takes small, large and/or vw.")
 flags.register_validator("small_batch", lambda v: v % 2 == 0,
@@ -224,9 +231,18 @@ def _large(tf, keras, np, devices) -> float:
     print(f"\n[large] {depth} x Dense({width}) + Dense(10), batch {batch}")
     one, two = _ceiling(tf, keras, devices[:2], depth, width, batch)
     plain = _plain(keras, tf, ds, devices[0], depth, width)
-    pipes = [_strategy(keras, ds, f"2 stages, N_m={n}", depth, width,
-                       _even(keras, depth, width, devices[:2], n_m=int(n)))
-             for n in _LARGE_NM.value]
+    from hetpipe_tf.strategy import manual_plan
+    layers = depth + 1
+    for k in _LARGE_SPLITS.value:
+        if int(k) >= layers:
+            raise app.UsageError(
+                f"--large_splits puts layers on stage 0 of a {layers}-layer model, so each "
+                f"must be below {layers}. Received: {k}; e.g. --large_splits={layers // 2}.")
+    pipes = [_strategy(keras, ds, f"2 stages {k}+{layers - int(k)}, N_m={n}", depth, width,
+                       manual_plan(_build(keras, "pipelined", depth, width),
+                                   [(devices[0], int(k)), (devices[1], layers - int(k))],
+                                   n_m=int(n)))
+             for k in _LARGE_SPLITS.value for n in _LARGE_NM.value]
     settings = [one, two, plain, *pipes]
     try:
         _time_round_robin(settings)
@@ -236,9 +252,9 @@ def _large(tf, keras, np, devices) -> float:
     ceiling = 2 * one.best_ms / two.best_ms
     print(f"  one full step alone    {one.best_ms:7.2f} ms (epochs {one.range_ms}); two at "
           f"once {two.best_ms:7.2f} ms (epochs {two.range_ms}): ceiling {ceiling:.2f}x")
-    print(f"  {plain.name:22} {plain.best_ms:7.2f} ms/minibatch (epochs {plain.range_ms})")
+    print(f"  {plain.name:26} {plain.best_ms:7.2f} ms/minibatch (epochs {plain.range_ms})")
     for s in pipes:
-        print(f"  {s.name:22} {s.best_ms:7.2f} ms/minibatch (epochs {s.range_ms})  "
+        print(f"  {s.name:26} {s.best_ms:7.2f} ms/minibatch (epochs {s.range_ms})  "
               f"= {plain.best_ms / s.best_ms:.2f}x plain")
     best = min(pipes, key=lambda s: s.best_ms)
     speedup = plain.best_ms / best.best_ms

@@ -18,7 +18,8 @@ large  --large_depth x Dense(--large_width), batch --large_batch: the machine's 
        compiled full training steps -- forward, backward, SGD update -- run at once, one per
        device, against one alone: 2 / (time of two / time of one) is the most two devices
        give), plain Keras fit, and 2-stage pipelines (layers on stage 0 in --large_splits x
-       N_m in --large_nm; the best counts). Goals: best pipeline / plain >= 1 and (best / plain) / ceiling >= 0.85.
+       N_m in --large_nm; the best counts). Goals: best pipeline / plain >= 1 and
+       (best / plain) / ceiling >= 0.85.
 vw     the large model as 2 virtual workers of 1 stage each (one per device, N_m = 1, D = 0,
        every minibatch of the dataset to one VW) against tf.distribute.MirroredStrategy over
        the same two devices on the same dataset (each minibatch split over both replicas),
@@ -307,8 +308,9 @@ def main(argv: list[str]) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(6)
     from hetpipe_tf.cluster.spec import Cluster
     devices = [d.tf_device for d in Cluster.local(["LOCAL_CPU"] * 4).devices]
-    print(f"Logical CPU devices on this machine's cores, 1 intra-op thread; {_STEPS.value} timed minibatches "
-          f"per epoch, the fastest of {_REPEATS.value} epochs per setting (round-robin).")
+    print(f"Logical CPU devices on this machine's cores, 1 intra-op thread; {_STEPS.value} "
+          f"timed minibatches per epoch, the fastest of {_REPEATS.value} epochs per setting "
+          "(round-robin).")
     if "small" in _PARTS.value:
         _small(tf, keras, np, devices)
     if "large" in _PARTS.value:

@@ -6,12 +6,14 @@ takes tasks from its FIFO queue in the order they became ready: a forward task w
 previous stage sent p's activations, a backward task when the next stage sent p's output
 gradients; the last stage runs forward, loss and backward of p as one task and updates the
 loss and compiled metrics, in minibatch order (with one virtual worker inside the same
-compiled call; with several, as a call of its own under their shared metrics lock). When stage 0 finishes p's backward, p is
-committed: stage 0 applies its own part of u_p and snapshots its part of the version of
-p + N_m on its thread and device, and every other stage gets an apply task that does the same
-for its part on its own thread and device (each GPU updates its own weights, as in HetPipe),
-FIFO before any later forward of that stage (no drain between waves; `weights.py`). `drain` waits until every submitted minibatch completed; the next `submit`
-then starts a new run whose first N_m minibatches use the drained weights.
+compiled call; with several, as a call of its own under their shared metrics lock). When
+stage 0 finishes p's backward, p is committed: stage 0 applies its own part of u_p and
+snapshots its part of the version of p + N_m on its thread and device, and every other stage
+gets an apply task that does the same for its part on its own thread and device (each GPU
+updates its own weights, as in HetPipe), FIFO before any later forward of that stage (no
+drain between waves; `weights.py`). `drain` waits until every submitted minibatch
+completed; the next `submit` then starts a new run whose first N_m minibatches use the
+drained weights.
 
 With `update_thread=True` (several virtual workers under WSP) a committed minibatch is
 handed to an updater thread that waits until every stage applied it and runs the wave hook

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.partitioner.layer_graph import TensorRef
+from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.program import Program
 
 
@@ -74,8 +75,8 @@ class Stage:
         # Which inputs need gradients: float tensors produced by an earlier stage.
         self._in_grad = [not r.is_model_input for r in self.in_refs]
         self._model = model
-        self._forward_fn = tf.function(self._forward_impl, reduce_retracing=True)
-        self._fwd_bwd_fn = tf.function(self._fwd_bwd_impl, reduce_retracing=True)
+        self._forward_fn = compiled_method(self._forward_impl, reduce_retracing=True)
+        self._fwd_bwd_fn = compiled_method(self._fwd_bwd_impl, reduce_retracing=True)
         self._fwd_bwd_metrics_fn = None   # built for the first metrics function given
         self._metrics = None
         self.emulated_sleep_s = 0.0  # total time slept for emulation (labelled as such)
@@ -201,7 +202,7 @@ class Stage:
             else:
                 if self._metrics is not metrics:   # traced with this metrics function
                     self._metrics = metrics
-                    self._fwd_bwd_metrics_fn = tf.function(self._fwd_bwd_metrics_impl,
+                    self._fwd_bwd_metrics_fn = compiled_method(self._fwd_bwd_metrics_impl,
                                                            reduce_retracing=True)
                 wg, ig, loss, outputs, deltas, new_s, logs = self._fwd_bwd_metrics_fn(
                     list(tvals), list(vvals), self._read_sequential(), inputs, y,

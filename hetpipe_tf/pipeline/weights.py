@@ -29,6 +29,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim as keras_shim
+from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
 
 
@@ -56,9 +57,9 @@ class StageWeights:
         self._versions: dict[int, tuple[int, tuple, tuple]] = {}
         self._lock = threading.Lock()
         self.applied = 0
-        self._apply_fn = tf.function(self._apply_impl, reduce_retracing=True)
-        self._read_fn = tf.function(self._read_impl)
-        self._rebase_fn = tf.function(self._rebase_impl, reduce_retracing=True)
+        self._apply_fn = compiled_method(self._apply_impl, reduce_retracing=True)
+        self._read_fn = compiled_method(self._read_impl)
+        self._rebase_fn = compiled_method(self._rebase_impl, reduce_retracing=True)
 
     @property
     def variables(self) -> list:

@@ -27,6 +27,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core import wsp
+from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 
 
@@ -81,7 +82,7 @@ class ParameterServers:
         self.pull_count = 0
         # w_global as it stood when the global clock (min over workers) last advanced.
         self._at_global: tuple[list, tuple[int, ...]] | None = None
-        self._add = tf.function(self._add_impl, reduce_retracing=True)
+        self._add = compiled_method(self._add_impl, reduce_retracing=True)
 
     # --- clocks -------------------------------------------------------------------------
     @property

@@ -35,6 +35,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core import wsp
+from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
 from hetpipe_tf.ps.server import ParameterServers, read_values
 
@@ -83,8 +84,8 @@ class WaveSync:
         self._vector = (0,) * servers.num_workers
         self._base: list = []
         self._q: int | None = None   # the update that ended the wave being synced
-        self._assign = tf.function(self._assign_impl, reduce_retracing=True)
-        self._delta = tf.function(self._delta_impl, reduce_retracing=True)
+        self._assign = compiled_method(self._assign_impl, reduce_retracing=True)
+        self._delta = compiled_method(self._delta_impl, reduce_retracing=True)
 
     # --- compiled helpers (each op on the variable's own device) -------------------------
     def _assign_impl(self, values):

@@ -25,8 +25,8 @@ against the simulator's prediction for the same --steps minibatches from empty:
 Every simulation charges each stage its MODELLED update (optimizer step + next weight
 snapshot, `LayerCost.update_s` profiled per layer with the run's optimizer, summed over
 the stage's layers: `sim.model.stage_update_times`), where the runtime runs it: stage 0
-after the minibatch's backward, the other stages as an apply task. Not divided by the
-emulated speed factor: the runtime's emulation slows tasks only, not the update. Beside
+after the minibatch's backward, the other stages as an apply task; divided by the
+emulated speed factor, as the runtime's emulation slows updates too. Beside
 it, u0 model vs u0 measured: stage 0's modelled update and the median of the runtime's
 own measurement of it (`update_s`) in the same run.
 
@@ -166,7 +166,7 @@ def _two_virtual_workers(pb, keras, ds, cluster, ceiling, steps, repeats, nms, d
                                            ps={j: [(t.ps_host, t.bytes) for t in st]
                                                for j, st in enumerate(ps[w])},
                                            update_s=stage_update_times(
-                                               p, first.profile, emulated=False))
+                                               p, first.profile))
                                  for w, p in enumerate(plans)], cfg, cluster)
 
             base = run(1.0)
@@ -213,7 +213,7 @@ def main(argv: list[str]) -> None:
     result = plan_model(model, cluster, pb._BATCH_SIZE.value, n_m=max(nms),
                         profile=_profile(keras, model, cluster, pb._BATCH_SIZE.value))
     plan = result.plan
-    upd = stage_update_times(plan, result.profile, emulated=False)
+    upd = stage_update_times(plan, result.profile)
     print(plan.table())
     print("modelled update per stage (ms, optimizer SGD, not emulated): "
           + ", ".join(f"{u * 1e3:.1f}" for u in upd))

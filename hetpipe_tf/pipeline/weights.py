@@ -24,6 +24,7 @@ updates after q are kept exactly.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Sequence
 
 import tensorflow as tf
@@ -44,11 +45,16 @@ class StageWeights:
       n_m: minibatches in flight.
       counter: an int variable incremented once per update (stage 0 only: the model
         optimizer's iterations when the stages apply with optimizers of their own).
+      emulated_speed_factor: f < 1 EMULATES a slower device: each update then takes 1/f as
+        long (a sleep of (1/f - 1) x its measured time), as the stage's tasks do, so the
+        planner's and the simulator's update cost (/ f) hold under emulation too.
     """
 
     def __init__(self, device: str, trainable: Sequence, non_trainable: Sequence, optimizer,
-                 n_m: int, counter=None):
+                 n_m: int, counter=None, emulated_speed_factor: float = 1.0):
         self.device = device
+        self.emulated_speed_factor = float(emulated_speed_factor)
+        self.emulated_sleep_s = 0.0  # total time slept for emulation (labelled as such)
         self.trainable = list(trainable)
         self.non_trainable = list(non_trainable)
         self.optimizer = optimizer
@@ -108,8 +114,13 @@ class StageWeights:
             if q != self.applied + 1:
                 raise RuntimeError(f"Updates must be applied in order: got {q} after "
                                    f"{self.applied}.")
+            t0 = time.perf_counter()
             with tf.device(self.device):
                 t, n = self._apply_fn(list(grads), list(deltas))
+            if self.emulated_speed_factor < 1.0:
+                extra = (time.perf_counter() - t0) * (1.0 / self.emulated_speed_factor - 1.0)
+                time.sleep(extra)  # EMULATION of a slower device, not real work
+                self.emulated_sleep_s += extra
             self.applied = q
             self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
 

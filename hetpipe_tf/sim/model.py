@@ -171,11 +171,11 @@ def stage_param_bytes(plan: Plan, layer_param_bytes: Sequence[int]) -> list[int]
     return [int(sum(layer_param_bytes[s.first:s.last + 1])) for s in plan.stages]
 
 
-def stage_update_times(plan: Plan, profile, *, emulated: bool = True) -> list[float]:
+def stage_update_times(plan: Plan, profile) -> list[float]:
     """Seconds of each stage's update per minibatch: the sum of its layers'
-    `LayerCost.update_s` on the stage's device type, / its emulated speed factor when
-    `emulated` (False: as the runtime's emulation today, which slows tasks only, not the
-    update). Zeros for a profile that costs no update."""
+    `LayerCost.update_s` on the stage's device type, / its emulated speed factor (the
+    runtime's emulation slows a stage's updates as it slows its tasks). Zeros for a profile
+    that costs no update."""
     if len(profile.layers) != plan.num_layers:
         raise ValueError(f"The profile does not match the plan. Received: "
                          f"{len(profile.layers)} profiled layers for a plan of "
@@ -184,7 +184,7 @@ def stage_update_times(plan: Plan, profile, *, emulated: bool = True) -> list[fl
     for s in plan.stages:
         total = sum(l.update_s.get(s.device_type, 0.0)
                     for l in profile.layers[s.first:s.last + 1])
-        out.append(total / s.emulated_speed_factor if emulated else total)
+        out.append(total / s.emulated_speed_factor)
     return out
 
 

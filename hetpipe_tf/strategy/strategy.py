@@ -415,7 +415,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 optimizers = states.for_virtual_worker(own, own)
             weights = WeightVersions([
                 StageWeights(s.device, s.trainable, s.versioned_nt, o, self.n_m,
-                             counter=model.optimizer.iterations if s.index == 0 else None)
+                             counter=model.optimizer.iterations if s.index == 0 else None,
+                             emulated_speed_factor=s.emulated_speed_factor)
                 for s, o in zip(stages, optimizers)])
             runtime = PipelineRuntime(stages, weights, self.n_m, update_metrics,
                                       plan=self.plans[0], on_run_start=states.seed,

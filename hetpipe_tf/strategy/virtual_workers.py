@@ -117,7 +117,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                                                    [s.trainable for s in stages])
             weights = WeightVersions([
                 StageWeights(s.device, t, n, o, n_m,
-                             counter=model.optimizer.iterations if s.index == 0 else None)
+                             counter=model.optimizer.iterations if s.index == 0 else None,
+                             emulated_speed_factor=s.emulated_speed_factor)
                 for s, (t, n), o in zip(stages, local_by_stage, optimizers)])
             sync = WaveSync(w, servers, local_flat, n_m, clock_distance,
                             fresh_pulls=fresh_pulls, weights=weights)

@@ -63,3 +63,23 @@ def test_one_stage_pipeline_updates_in_place_at_n_m_1():
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     assert len(seen) == 8
     assert len(set(seen)) == 1, seen
+
+
+def test_an_emulated_slower_device_also_updates_slower():
+    """Emulation (speed factor f < 1) sleeps (1/f - 1) x the measured update, as for tasks,
+    so the cost model's update / f holds; f = 1 sleeps nothing. Values are not changed."""
+    def run(factor):
+        a = keras.Variable(np.full((64, 64), 2.0, "float32"))
+        opt = keras.optimizers.SGD(0.5)
+        opt.build([a])
+        weights = StageWeights(DEVICES[0], [a], [], opt, n_m=1, emulated_speed_factor=factor)
+        weights.start_run(1, 0)
+        for q in (1, 2, 3):
+            weights.take(q)
+            weights.apply(q, [tf.ones((64, 64))], [])
+        return weights, a
+
+    plain, a = run(1.0)
+    slow, b = run(0.25)
+    assert plain.emulated_sleep_s == 0.0 and slow.emulated_sleep_s > 0.0
+    np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -204,3 +204,18 @@ def test_a_subclassed_nested_model_trains_as_one_node_and_the_plan_says_why():
     assert [s.layer_names for s in strategy.plan.stages] == [("doubler",), ("mid",), ("out",)]
     assert_weights_close(model.get_weights(), ref.get_weights())
     strategy.close()
+
+
+def test_a_checkpoint_of_a_split_nested_model_restores_into_plain_keras(tmp_path):
+    x, y = regression_data(32)
+    strategy = HetPipeStrategy(plan=lambda m: even_plan(m, DEVICES[:2], n_m=2))
+    with strategy.scope():
+        model = nested_model()
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    path = str(tmp_path / "nested.weights.h5")
+    model.save_weights(path)
+    plain = nested_model(seed=9)      # other initial weights: the file must replace them
+    plain.load_weights(path)
+    assert_weights_close(plain.get_weights(), model.get_weights(), atol=0)
+    strategy.close()

@@ -201,7 +201,8 @@ class _Builder:
             refs[id(event.outputs[k])] = TensorRef(index, k)
 
     def _output_specs(self, event: Any, op: Any, structure: CallStructure,
-                      inputs: Sequence[TensorRef], name: str) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+                      inputs: Sequence[TensorRef], name: str
+                      ) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
         recorded = [tuple(t.shape)[1:] for t in event.outputs]
         outputs = event.outputs
         if any(None in shape for shape in recorded):

@@ -106,8 +106,8 @@ def nested_inputs(functional: keras.Model, args: tuple, kwargs: dict) -> tuple[l
     if "inputs" in kwargs and not args:
         args = (kwargs.pop("inputs"),)
     if kwargs or len(args) != 1:
-        return None, (f"it is called with arguments besides its inputs "
-                      f"({sorted(kwargs) or len(args)})")
+        extra = f"keywords {sorted(kwargs)}" if kwargs else f"{len(args)} positional arguments"
+        return None, f"it is called with arguments besides its inputs ({extra})"
     inputs = args[0]
     # Reason: the mapping of a call's structure to the inputs mirrors the private
     # Functional._standardize_inputs (without its conversions, refused below).

@@ -10,7 +10,9 @@ test_nested_models.py). This trial runs the real thing on 4 logical CPU devices:
    dict of inputs keras_hub uses, split over 4 stages at N_m = 1 and trained for 2 epochs
    beside the same model under plain Keras: the plan table, both losses, the largest
    weight difference;
-2. a `GPT2CausalLM` (tied input/output embeddings), wrapped to fix its open input shape:
+2. a `BertBackbone` (4 layers; its [CLS] slice is a bare keras.ops node) under a Dense
+   classifier on `pooled_output`, the same comparison;
+3. a `GPT2CausalLM` (tied input/output embeddings), wrapped to fix its open input shape:
    its layer graph, its shared layer and the cuts left (none: the tied embedding is the
    first and the last layer, and its calls stay in one stage).
 """
@@ -37,29 +39,13 @@ def _inputs(keras):
             "padding_mask": keras.Input((SEQ,), dtype="int32", name="padding_mask")}
 
 
-def main() -> None:
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(DEVICES)])
+def _compare(title, build, x, y, loss, devices) -> None:
+    """Train `build()` split over `devices` (N_m = 1) and beside it under plain Keras."""
     import keras
-    import keras_hub
     import numpy as np
 
-    from hetpipe_tf.partitioner.layer_graph import LayerGraph
     from hetpipe_tf.strategy import HetPipeStrategy, even_plan
 
-    def build():
-        keras.utils.set_random_seed(0)
-        inputs = _inputs(keras)
-        h = _backbone(keras_hub, 4)(inputs)
-        return keras.Model(inputs, keras.layers.Dense(VOCAB, name="lm_head")(h))
-
-    rs = np.random.RandomState(0)
-    tokens = rs.randint(0, VOCAB, (32, SEQ + 1)).astype("int32")
-    x = {"token_ids": tokens[:, :-1], "padding_mask": np.ones((32, SEQ), "int32")}
-    y = tokens[:, 1:]
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    devices = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(DEVICES)]
     strategy = HetPipeStrategy(plan=lambda m: even_plan(m, devices, n_m=1))
     with strategy.scope():
         model = build()
@@ -69,19 +55,57 @@ def main() -> None:
     ref.compile(keras.optimizers.Adam(1e-3), loss)
     got = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     want = ref.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    print(f"1. keras_hub {keras_hub.__version__} GPT2Backbone (4 layers) + Dense head, "
-          f"{DEVICES} stages (logical CPU devices), N_m=1, Adam, 2 epochs")
+    print(f"{title}, {len(devices)} stages (logical CPU devices), N_m=1, Adam, 2 epochs")
     print(strategy.plan.table())
     print(f"loss per epoch: strategy {got.history['loss']}, plain Keras {want.history['loss']}")
     diff = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), ref.get_weights()))
-    print(f"largest weight difference to plain Keras: {diff:.2e}")
+    print(f"largest weight difference to plain Keras: {diff:.2e}\n")
     strategy.close()
+
+
+def main() -> None:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(DEVICES)])
+    import keras
+    import keras_hub
+    import numpy as np
+
+    from hetpipe_tf.partitioner.layer_graph import LayerGraph
+
+    def gpt():
+        keras.utils.set_random_seed(0)
+        inputs = _inputs(keras)
+        h = _backbone(keras_hub, 4)(inputs)
+        return keras.Model(inputs, keras.layers.Dense(VOCAB, name="lm_head")(h))
+
+    def bert():
+        keras.utils.set_random_seed(0)
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=VOCAB, num_layers=4, num_heads=2, hidden_dim=32,
+            intermediate_dim=64, max_sequence_length=SEQ, dropout=0.0)
+        inputs = {k: keras.Input((SEQ,), dtype="int32", name=k)
+                  for k in ("token_ids", "segment_ids", "padding_mask")}
+        pooled = backbone(inputs)["pooled_output"]
+        return keras.Model(inputs, keras.layers.Dense(3, name="classifier")(pooled))
+
+    rs = np.random.RandomState(0)
+    tokens = rs.randint(0, VOCAB, (32, SEQ + 1)).astype("int32")
+    mask = np.ones((32, SEQ), "int32")
+    devices = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(DEVICES)]
+    sparse = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    _compare(f"1. keras_hub {keras_hub.__version__} GPT2Backbone (4 layers) + Dense head", gpt,
+             {"token_ids": tokens[:, :-1], "padding_mask": mask}, tokens[:, 1:], sparse,
+             devices)
+    _compare("2. BertBackbone (4 layers) + Dense classifier on pooled_output", bert,
+             {"token_ids": tokens[:, :-1], "segment_ids": np.zeros_like(mask),
+              "padding_mask": mask}, rs.randint(0, 3, (32,)), sparse, devices)
 
     lm = keras_hub.models.GPT2CausalLM(backbone=_backbone(keras_hub, 2), preprocessor=None)
     inputs = _inputs(keras)
     graph = LayerGraph.from_model(keras.Model(inputs, lm(inputs)))
     allowed = [c for c in range(len(graph) - 1) if graph.allowed_cut(c)]
-    print(f"\n2. GPT2CausalLM (tied embeddings): {len(graph)} nodes "
+    print(f"3. GPT2CausalLM (tied embeddings): {len(graph)} nodes "
           f"{[n.name for n in graph.nodes]}")
     print(f"shared layers (first, last node): {graph.shared_layers}; allowed cuts: {allowed}")
 

@@ -97,6 +97,20 @@ class Program:
                 layers.append(layer)
         return layers
 
+    def stage_variables(self, first: int, last: int) -> tuple[list, list]:
+        """(trainable, non-trainable) variables of nodes first..last, each once; a bare op
+        (a keras.ops call in the graph, e.g. a slice) holds none."""
+        seen: set[int] = set()
+        trainable, other = [], []
+        for op in self.stage_layers(first, last):
+            for kind, out in (("trainable_variables", trainable),
+                              ("non_trainable_variables", other)):
+                for v in getattr(op, kind, ()):
+                    if id(v) not in seen:
+                        seen.add(id(v))
+                        out.append(v)
+        return trainable, other
+
     def run(self, first: int, last: int, env: MutableMapping[TensorRef, Any],
             training: bool) -> None:
         """Call nodes first..last, reading their inputs from and writing outputs to `env`."""

@@ -35,15 +35,6 @@ from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.program import Program
 
 
-def _unique(variables) -> list:
-    seen, out = set(), []
-    for v in variables:
-        if id(v) not in seen:
-            seen.add(id(v))
-            out.append(v)
-    return out
-
-
 @dataclasses.dataclass
 class Saved:
     """What a non-last stage keeps from a forward until the backward of the same minibatch."""
@@ -66,8 +57,7 @@ class Stage:
         self.device = device
         self.emulated_speed_factor = float(emulated_speed_factor)
         self.layers = program.stage_layers(first, last)
-        self.trainable = _unique(v for l in self.layers for v in l.trainable_variables)
-        nts = _unique(v for l in self.layers for v in l.non_trainable_variables)
+        self.trainable, nts = program.stage_variables(first, last)
         self.versioned_nt = [v for v in nts if tf.as_dtype(v.dtype).is_floating]
         self.sequential_nt = [v for v in nts if not tf.as_dtype(v.dtype).is_floating]
         self.in_refs: tuple[TensorRef, ...] = program.cut(first - 1)

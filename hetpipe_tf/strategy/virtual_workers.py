@@ -35,7 +35,7 @@ from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, ps_device
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
-from hetpipe_tf.pipeline.stage import Stage, _unique
+from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy import training_state
 
@@ -43,9 +43,9 @@ def _layer_of_variables(program) -> dict[int, int]:
     """id(variable) -> node index of the layer that owns it."""
     out = {}
     for i in range(len(program.graph.nodes)):
-        for layer in program.stage_layers(i, i):
-            for v in list(layer.trainable_variables) + list(layer.non_trainable_variables):
-                out.setdefault(id(v), i)
+        trainable, other = program.stage_variables(i, i)
+        for v in trainable + other:
+            out.setdefault(id(v), i)
     return out
 
 
@@ -85,7 +85,9 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
     on the stage devices).
     """
     per_vw_stages = [Stage.for_plan(p, program, model) for p in plans]
-    variables = _unique(v for s in per_vw_stages[0] for v in [*s.trainable, *s.versioned_nt])
+    # Each variable once, in stage order (a dict keeps the first insertion's position).
+    variables = list({id(v): v for s in per_vw_stages[0]
+                      for v in [*s.trainable, *s.versioned_nt]}.values())
     devices = variable_ps_devices(program, plans, variables, cluster, placement, ps_hosts)
     with tf.init_scope():
         initial = [tf.identity(_keras_shim.variable_handle(v)) for v in variables]

@@ -12,7 +12,9 @@ test_nested_models.py). This trial runs the real thing on 4 logical CPU devices:
    weight difference;
 2. a `BertBackbone` (4 layers; its [CLS] slice is a bare keras.ops node) under a Dense
    classifier on `pooled_output`, the same comparison;
-3. a `GPT2CausalLM` (tied input/output embeddings), wrapped to fix its open input shape:
+3. a `GemmaBackbone` (2 decoder blocks, grouped-query attention) under a Dense head, the
+   same comparison;
+4. a `GPT2CausalLM` (tied input/output embeddings), wrapped to fix its open input shape:
    its layer graph, its shared layer and the cuts left (none: the tied embedding is the
    first and the last layer, and its calls stay in one stage).
 """
@@ -89,6 +91,14 @@ def main() -> None:
         pooled = backbone(inputs)["pooled_output"]
         return keras.Model(inputs, keras.layers.Dense(3, name="classifier")(pooled))
 
+    def gemma():
+        keras.utils.set_random_seed(0)
+        backbone = keras_hub.models.GemmaBackbone(
+            vocabulary_size=VOCAB, num_layers=2, num_query_heads=2, num_key_value_heads=1,
+            hidden_dim=32, intermediate_dim=64, head_dim=16, dropout=0.0)
+        inputs = _inputs(keras)
+        return keras.Model(inputs, keras.layers.Dense(VOCAB, name="lm_head")(backbone(inputs)))
+
     rs = np.random.RandomState(0)
     tokens = rs.randint(0, VOCAB, (32, SEQ + 1)).astype("int32")
     mask = np.ones((32, SEQ), "int32")
@@ -100,12 +110,15 @@ def main() -> None:
     _compare("2. BertBackbone (4 layers) + Dense classifier on pooled_output", bert,
              {"token_ids": tokens[:, :-1], "segment_ids": np.zeros_like(mask),
               "padding_mask": mask}, rs.randint(0, 3, (32,)), sparse, devices)
+    _compare("3. GemmaBackbone (2 blocks) + Dense head", gemma,
+             {"token_ids": tokens[:, :-1], "padding_mask": mask}, tokens[:, 1:], sparse,
+             devices)
 
     lm = keras_hub.models.GPT2CausalLM(backbone=_backbone(keras_hub, 2), preprocessor=None)
     inputs = _inputs(keras)
     graph = LayerGraph.from_model(keras.Model(inputs, lm(inputs)))
     allowed = [c for c in range(len(graph) - 1) if graph.allowed_cut(c)]
-    print(f"3. GPT2CausalLM (tied embeddings): {len(graph)} nodes "
+    print(f"4. GPT2CausalLM (tied embeddings): {len(graph)} nodes "
           f"{[n.name for n in graph.nodes]}")
     print(f"shared layers (first, last node): {graph.shared_layers}; allowed cuts: {allowed}")
 

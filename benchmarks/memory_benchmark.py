@@ -47,12 +47,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import ctypes  # noqa: E402
 import threading  # noqa: E402
-import time  # noqa: E402
 import weakref  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
 from benchmarks._cli import markdown_table, run  # noqa: E402
+from benchmarks._workloads import dense_stack, random_features  # noqa: E402
 
 _STAGES = flags.DEFINE_list("stages", ["2", "4"], "Pipeline stages (logical CPU devices).")
 _NM = flags.DEFINE_list("nm", ["1", "2", "4"], "N_m values (minibatches in flight).")
@@ -74,21 +74,11 @@ MIB = 2**20
 
 
 def _build(keras, name: str):
-    inputs = keras.Input((_WIDTH.value,), name="features")
-    h = inputs
-    for i in range(_DEPTH.value):
-        h = keras.layers.Dense(_WIDTH.value, activation="relu", name=f"dense{i}")(h)
-    return keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="logits")(h),
-                       name=name)
+    return dense_stack(keras, name, _DEPTH.value, _WIDTH.value)
 
 
 def _dataset(tf, np):
-    rs = np.random.RandomState(0)
-    n = _BATCH_SIZE.value * 4
-    x = rs.randn(n, _WIDTH.value).astype("float32")
-    y = rs.randint(0, 10, n).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(
-        _BATCH_SIZE.value, drop_remainder=True).repeat()
+    return random_features(tf, np, _WIDTH.value, _BATCH_SIZE.value, batches=4)
 
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer

@@ -32,13 +32,15 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import threading  # noqa: E402
+import functools  # noqa: E402
 import time  # noqa: E402
 from typing import Callable  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
 from benchmarks._cli import run  # noqa: E402
+from benchmarks._workloads import (  # noqa: E402
+    dense_stack, random_features, seconds_at_once)
 
 _STEPS = flags.DEFINE_integer("steps", 40, "Timed minibatches per epoch.", lower_bound=1)
 _WARMUP = flags.DEFINE_integer("warmup_steps", 5, "Minibatches of the untimed warm-up epoch.",
@@ -103,23 +105,6 @@ def _time_round_robin(settings: list[_Setting]) -> None:
             s.times.append(s.epoch())
 
 
-def _build(keras, name: str, depth: int, width: int):
-    inputs = keras.Input((width,), name="features")
-    h = inputs
-    for i in range(depth):
-        h = keras.layers.Dense(width, activation="relu", name=f"dense{i}")(h)
-    outputs = keras.layers.Dense(10, activation="softmax", name="logits")(h)
-    return keras.Model(inputs, outputs, name=name)
-
-
-def _dataset(tf, np, width: int, batch: int):
-    rs = np.random.RandomState(0)
-    n = batch * 8
-    x = rs.randn(n, width).astype("float32")
-    y = rs.randint(0, 10, n).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).repeat()
-
-
 def _fit_setting(name: str, model, ds, close=lambda: None) -> _Setting:
     model.fit(ds, epochs=1, steps_per_epoch=_WARMUP.value, verbose=0)
 
@@ -137,7 +122,7 @@ def _compile(keras, model) -> None:
 def _plain(keras, tf, ds, device: str, depth: int, width: int) -> _Setting:
     keras.utils.set_random_seed(0)
     with tf.device(device):
-        model = _build(keras, "plain", depth, width)
+        model = dense_stack(keras, "plain", depth, width)
         _compile(keras, model)
     return _fit_setting("plain Keras fit", model, ds)
 
@@ -147,14 +132,14 @@ def _strategy(keras, ds, name: str, depth: int, width: int, plans, **kwargs) -> 
     keras.utils.set_random_seed(0)
     strategy = HetPipeStrategy(plan=plans, **kwargs)
     with strategy.scope():
-        model = _build(keras, "pipelined", depth, width)
+        model = dense_stack(keras, "pipelined", depth, width)
         _compile(keras, model)
     return _fit_setting(name, model, ds, strategy.close)
 
 
 def _even(keras, depth: int, width: int, devices: list[str], n_m: int):
     from hetpipe_tf.strategy import even_plan
-    return even_plan(_build(keras, "pipelined", depth, width), devices, n_m=n_m)
+    return even_plan(dense_stack(keras, "pipelined", depth, width), devices, n_m=n_m)
 
 
 def _ceiling(tf, keras, devices: list[str], depth: int, width: int, batch: int):
@@ -163,7 +148,7 @@ def _ceiling(tf, keras, devices: list[str], depth: int, width: int, batch: int):
     steps = []
     for d in devices:
         with tf.device(d):
-            model = _build(keras, "copy", depth, width)
+            model = dense_stack(keras, "copy", depth, width)
             opt = keras.optimizers.SGD(1e-3)
             opt.build(model.trainable_variables)
             x = tf.random.normal((batch, width))
@@ -192,19 +177,13 @@ def _ceiling(tf, keras, devices: list[str], depth: int, width: int, batch: int):
         return time.perf_counter() - start
 
     def two() -> float:
-        threads = [threading.Thread(target=loop, args=(s,)) for s in steps]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return time.perf_counter() - start
+        return seconds_at_once([functools.partial(loop, s) for s in steps])
     return _Setting("one full step", one), _Setting("two full steps at once", two)
 
 
 def _small(tf, keras, np, devices) -> None:
     depth, width, batch = _SMALL_DEPTH.value, _SMALL_WIDTH.value, _SMALL_BATCH.value
-    ds = _dataset(tf, np, width, batch)
+    ds = random_features(tf, np, width, batch, batches=8)
     print(f"\n[small] {depth} x Dense({width}) + Dense(10), batch {batch}")
     plain = _plain(keras, tf, ds, devices[0], depth, width)
     settings = [plain]
@@ -228,7 +207,7 @@ def _small(tf, keras, np, devices) -> None:
 
 def _large(tf, keras, np, devices) -> float:
     depth, width, batch = _LARGE_DEPTH.value, _LARGE_WIDTH.value, _LARGE_BATCH.value
-    ds = _dataset(tf, np, width, batch)
+    ds = random_features(tf, np, width, batch, batches=8)
     print(f"\n[large] {depth} x Dense({width}) + Dense(10), batch {batch}")
     one, two = _ceiling(tf, keras, devices[:2], depth, width, batch)
     plain = _plain(keras, tf, ds, devices[0], depth, width)
@@ -240,7 +219,7 @@ def _large(tf, keras, np, devices) -> float:
                 f"--large_splits puts layers on stage 0 of a {layers}-layer model, so each "
                 f"must be below {layers}. Received: {k}; e.g. --large_splits={layers // 2}.")
     pipes = [_strategy(keras, ds, f"2 stages {k}+{layers - int(k)}, N_m={n}", depth, width,
-                       manual_plan(_build(keras, "pipelined", depth, width),
+                       manual_plan(dense_stack(keras, "pipelined", depth, width),
                                    [(devices[0], int(k)), (devices[1], layers - int(k))],
                                    n_m=int(n)))
              for k in _LARGE_SPLITS.value for n in _LARGE_NM.value]
@@ -268,17 +247,17 @@ def _large(tf, keras, np, devices) -> float:
 def _vw(tf, keras, np, devices) -> None:
     from hetpipe_tf.strategy import even_plan
     depth, width, batch = _LARGE_DEPTH.value, _LARGE_WIDTH.value, _LARGE_BATCH.value
-    ds = _dataset(tf, np, width, batch)
+    ds = random_features(tf, np, width, batch, batches=8)
     print(f"\n[vw] {depth} x Dense({width}) + Dense(10), batch {batch}")
     plain = _plain(keras, tf, ds, devices[0], depth, width)
-    model = _build(keras, "pipelined", depth, width)
+    model = dense_stack(keras, "pipelined", depth, width)
     plans = [even_plan(model, [d], n_m=1) for d in devices[:2]]
     vws = _strategy(keras, ds, "2 VWs x 1 stage, D=0", depth, width, plans, clock_distance=0)
     tf.get_logger().setLevel("ERROR")   # MirroredStrategy logs every reduction at INFO
     keras.utils.set_random_seed(0)
     mirrored = tf.distribute.MirroredStrategy(devices[:2])
     with mirrored.scope():
-        mmodel = _build(keras, "mirrored", depth, width)
+        mmodel = dense_stack(keras, "mirrored", depth, width)
         _compile(keras, mmodel)
     mirror = _fit_setting("MirroredStrategy", mmodel, ds)
     settings = [plain, vws, mirror]

@@ -23,12 +23,14 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import dataclasses  # noqa: E402
-import threading  # noqa: E402
+import functools  # noqa: E402
 import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
 from benchmarks._cli import run  # noqa: E402
+from benchmarks._workloads import (  # noqa: E402
+    dense_stack, random_features, seconds_at_once)
 
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed minibatches per measurement.", lower_bound=1)
 _WARMUP = flags.DEFINE_integer("warmup_steps", 5, "Minibatches of the untimed warm-up epoch.",
@@ -49,22 +51,11 @@ flags.register_validator("parts", lambda v: set(v) <= {"1", "2", "3"},
 
 
 def _build(keras, name: str):
-    """Explicit layer names, so a plan made on one instance matches another."""
-    inputs = keras.Input((_WIDTH.value,), name="features")
-    h = inputs
-    for i in range(_DEPTH.value):
-        h = keras.layers.Dense(_WIDTH.value, activation="relu", name=f"dense{i}")(h)
-    outputs = keras.layers.Dense(10, activation="softmax", name="logits")(h)
-    return keras.Model(inputs, outputs, name=name)
+    return dense_stack(keras, name, _DEPTH.value, _WIDTH.value)
 
 
 def _dataset(tf, np):
-    rs = np.random.RandomState(0)
-    n = _BATCH_SIZE.value * 8
-    x = rs.randn(n, _WIDTH.value).astype("float32")
-    y = rs.randint(0, 10, n).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(
-        _BATCH_SIZE.value, drop_remainder=True).repeat()
+    return random_features(tf, np, _WIDTH.value, _BATCH_SIZE.value, batches=8)
 
 
 def _throughput(model, ds) -> float:
@@ -116,13 +107,7 @@ def _machine_ceiling(tf, keras, devices) -> float:
     start = time.perf_counter()
     loop(steps[0])
     one = time.perf_counter() - start
-    threads = [threading.Thread(target=loop, args=(s,)) for s in steps]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return (time.perf_counter() - start) / one
+    return seconds_at_once([functools.partial(loop, s) for s in steps]) / one
 
 
 def main(argv: list[str]) -> None:

@@ -240,8 +240,10 @@ class LayerGraph:
         calls: dict[str, list[int]] = {}
         for node in self.nodes:
             calls.setdefault(node.layer_name, []).append(node.index)
-        object.__setattr__(self, "_shared", {name: (ix[0], ix[-1])
-                                             for name, ix in calls.items() if len(ix) > 1})
+        shared = {name: (ix[0], ix[-1]) for name, ix in calls.items() if len(ix) > 1}
+        object.__setattr__(self, "_shared", shared)
+        object.__setattr__(self, "_forbidden", frozenset(
+            c for first, last in shared.values() for c in range(first, last)))
 
     @classmethod
     def from_model(cls, model: keras.Model) -> LayerGraph:
@@ -289,11 +291,11 @@ class LayerGraph:
     def allowed_cut(self, i: int) -> bool:
         """False for a cut between two calls of one shared layer (its weights exist once)."""
         self._check_cut(i)
-        return not any(first <= i < last for first, last in self._shared.values())
+        return i not in self._forbidden
 
     def forbidden_cuts(self) -> frozenset[int]:
         """The cuts `allowed_cut` refuses."""
-        return frozenset(c for first, last in self._shared.values() for c in range(first, last))
+        return self._forbidden
 
     def layer(self, name: str) -> LayerNode:
         """The node called `name` ("<layer>" or "<layer>@<call>" for shared layers)."""

@@ -88,12 +88,14 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
                              f"devices={list(devices) if devices is not None else []}; "
                              "declare devices for the worker tasks.")
     slots = optimizer_slots(optimizer)
+    graph = LayerGraph.from_model(model) if model is not None else None
     if profile is None:
         types = sorted({d.type_name for d in chosen})
-        profile = profile_model(model, batch_size, types,
+        # An int says only the slot count: cost the update of the model's own optimizer.
+        update = getattr(model, "optimizer", None) if isinstance(optimizer, int) else optimizer
+        profile = profile_model(graph, batch_size, types,
                                 measure_on=measurable_devices(chosen) if measure else {},
-                                # an int says only the slot count: cost the model's own
-                                optimizer=None if isinstance(optimizer, int) else optimizer)
+                                optimizer=update)
     elif profile.batch_size != batch_size:
         profile = profile.scaled(batch_size)
     max_m = milp.max_minibatches(profile, chosen, cluster=cluster, optimizer_slots=slots,
@@ -106,6 +108,6 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
             f"n_m={n_m}; use n_m <= {max_m}, a smaller batch, or more devices.")
     plan = milp.solve(profile, chosen, n_m, cluster=cluster, comm=comm, optimizer_slots=slots,
                       options=options)
-    notes = LayerGraph.from_model(model).notes if model is not None else ()
+    notes = graph.notes if graph is not None else ()
     return PlannerResult(plan=dataclasses.replace(plan, notes=notes), profile=profile,
                          max_m=max_m)

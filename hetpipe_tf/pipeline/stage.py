@@ -192,8 +192,8 @@ class Stage:
             else:
                 if self._metrics is not metrics:   # traced with this metrics function
                     self._metrics = metrics
-                    self._fwd_bwd_metrics_fn = compiled_method(self._fwd_bwd_metrics_impl,
-                                                           reduce_retracing=True)
+                    self._fwd_bwd_metrics_fn = compiled_method(
+                        self._fwd_bwd_metrics_impl, reduce_retracing=True)
                 wg, ig, loss, outputs, deltas, new_s, logs = self._fwd_bwd_metrics_fn(
                     list(tvals), list(vvals), self._read_sequential(), inputs, y,
                     sample_weight, extra_loss)

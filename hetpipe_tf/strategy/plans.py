@@ -33,8 +33,13 @@ def layer_order(model) -> tuple[str, ...]:
 
 def manual_plan(model, stages: Sequence[StageSpec | tuple], n_m: int, batch_size: int = 0,
                 optimizer_slots: int = 0) -> Plan:
+    return _plan(model.name, LayerGraph.from_model(model), stages, n_m, batch_size,
+                 optimizer_slots)
+
+
+def _plan(model_name: str, graph: LayerGraph, stages: Sequence[StageSpec | tuple], n_m: int,
+          batch_size: int = 0, optimizer_slots: int = 0) -> Plan:
     specs = [s if isinstance(s, StageSpec) else StageSpec(*s) for s in stages]
-    graph = LayerGraph.from_model(model)
     names = tuple(n.name for n in graph.nodes)
     total = sum(s.num_layers for s in specs)
     if total != len(names) or any(s.num_layers < 1 for s in specs):
@@ -52,7 +57,7 @@ def manual_plan(model, stages: Sequence[StageSpec | tuple], n_m: int, batch_size
             minibatches_held=held_minibatches(j, len(specs), n_m),
             emulated_speed_factor=s.emulated_speed_factor))
         first = last + 1
-    return Plan(model_name=model.name, batch_size=batch_size, n_m=n_m,
+    return Plan(model_name=model_name, batch_size=batch_size, n_m=n_m,
                 optimizer_slots=optimizer_slots, stages=tuple(out), num_layers=len(names),
                 solver="manual", notes=graph.notes)
 
@@ -74,8 +79,9 @@ def even_plan(model, tf_devices: Sequence[str], n_m: int, batch_size: int = 0,
     cuts = _nearest_allowed(list(itertools.accumulate(sizes))[:-1], allowed)
     sizes = [b - a for a, b in zip([-1, *cuts], [*cuts, n - 1])]
     factors = list(speed_factors) if speed_factors is not None else [1.0] * k
-    return manual_plan(model, [StageSpec(d, c, f) for d, c, f in zip(tf_devices, sizes, factors)],
-                       n_m, batch_size)
+    return _plan(model.name, graph,
+                 [StageSpec(d, c, f) for d, c, f in zip(tf_devices, sizes, factors)], n_m,
+                 batch_size)
 
 
 def _nearest_allowed(ends: Sequence[int], allowed: Sequence[int]) -> list[int]:

@@ -11,9 +11,10 @@ the fastest epoch of each setting counts (this VM stalls now and then). Parts:
 
 small  --small_depth x Dense(--small_width), batch --small_batch: plain Keras fit on device 0
        and the strategy with 1, 2 and 4 stages (even split, stage j on device j, N_m =
-       stages). Prints each one's ms per minibatch, the overhead over
-       plain (strategy - plain, ms per minibatch) and 1 stage / plain as a throughput ratio
-       (goal >= 0.8x).
+       stages; 1 stage runs in Keras' own step, `pipeline/in_graph.py`), and 1 stage through
+       the threaded runtime (in_graph=False). Prints each one's ms per minibatch, the
+       overhead over plain (strategy - plain, ms per minibatch) and 1 stage / plain as a
+       throughput ratio (goal >= 0.8x).
 large  --large_depth x Dense(--large_width), batch --large_batch: the machine's ceiling (two
        compiled full training steps -- forward, backward, SGD update -- run at once, one per
        device, against one alone: 2 / (time of two / time of one) is the most two devices
@@ -190,6 +191,10 @@ def _small(tf, keras, np, devices) -> None:
     for k in (1, 2, 4):
         plan = _even(keras, depth, width, devices[:k], n_m=k)
         settings.append(_strategy(keras, ds, f"{k} stage(s), N_m={k}", depth, width, plan))
+    # The 1-stage row runs in Keras' step (in_graph); this one through the stage thread.
+    settings.append(_strategy(keras, ds, "1 stage, threaded", depth, width,
+                              _even(keras, depth, width, devices[:1], n_m=1),
+                              in_graph=False))
     try:
         _time_round_robin(settings)
     finally:

@@ -14,6 +14,7 @@ from typing import Any
 
 class Executor(abc.ABC):
     _error: BaseException | None = None
+    _closed: bool = False
 
     @abc.abstractmethod
     def submit(self, inputs: list, y: Any, sample_weight: Any) -> None:
@@ -35,6 +36,11 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def thread_ids(self) -> set[int]:
         """Idents of the threads this Executor owns."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` ran (the Executor takes no more work)."""
+        return self._closed
 
     @property
     def error(self) -> BaseException | None:

@@ -202,6 +202,18 @@ class Stage:
         self._emulate(t0)
         return wg, in_grads, loss, outputs, deltas, logs
 
+    def train_ops(self, tvals, vvals, inputs, y, sample_weight, metrics):
+        """A one-stage model's whole minibatch as ops for the caller's graph (the in-graph
+        runtime, inside Keras' train step): forward, loss, backward and the metrics
+        (`metrics` as in `forward_backward`). Returns (weight grads, nt deltas, logs)."""
+        if self.index != 0 or not self.is_last:
+            raise ValueError(f"train_ops needs the only stage of a model. Received: stage "
+                             f"{self.index} of a pipeline with more.")
+        wg, _, loss, outputs, deltas, new_s = self._fwd_bwd_impl(
+            list(tvals), list(vvals), self._read_sequential(), list(inputs), y, sample_weight)
+        self._write_sequential(new_s)
+        return wg, deltas, metrics(loss, y, self.program.pack_outputs(outputs), sample_weight)
+
     def _grad_mask(self, inputs) -> list[bool]:
         return [g and x.dtype.is_floating for x, g in zip(inputs, self._in_grad)]
 

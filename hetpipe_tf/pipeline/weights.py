@@ -63,15 +63,23 @@ class StageWeights:
         self._versions: dict[int, tuple[int, tuple, tuple]] = {}
         self._lock = threading.Lock()
         self.applied = 0
+        # With N_m > 1 a younger version shares a variable's buffer when it is updated:
+        # write by value (copy-on-write would copy, then update). With N_m = 1 no version
+        # is alive then, and in place needs no second buffer.
+        self._by_value = n_m > 1
+        if optimizer is not None and self._by_value:
+            keras_shim.write_by_value(optimizer, self.trainable)
         self._apply_fn = compiled_method(self._apply_impl, reduce_retracing=True)
-        self._read_fn = compiled_method(self._read_impl)
+        self._read_fn = compiled_method(self.read_ops)
         self._rebase_fn = compiled_method(self._rebase_impl, reduce_retracing=True)
 
     @property
     def variables(self) -> list:
         return self.trainable + self.non_trainable
 
-    def _read_impl(self):
+    def read_ops(self):
+        """The variables' current values (trainable, non-trainable): ops for the caller's
+        graph. A read shares the variable's buffer (no copy)."""
         return ([tf.identity(keras_shim.variable_handle(v)) for v in self.trainable],
                 [tf.identity(keras_shim.variable_handle(v)) for v in self.non_trainable])
 
@@ -96,17 +104,28 @@ class StageWeights:
         with self._lock:
             self._versions.pop(p, None)
 
-    def _apply_impl(self, grads, deltas):
+    def update_ops(self, grads, deltas) -> None:
+        """w_local += u (the optimizer step on `grads`, `deltas` added to the versioned
+        non-trainable variables, the counter): ops for the caller's graph, no bookkeeping.
+        `apply` runs them in a compiled call of their own; the in-graph runtime inside
+        Keras' train step."""
         pairs = [(g, v) for g, v in zip(grads, self.trainable) if g is not None]
         if pairs:
             self.optimizer.apply_gradients(pairs)
         for v, d in zip(self.non_trainable, deltas):
-            keras_shim.variable_handle(v).assign_add(d)
+            handle = keras_shim.variable_handle(v)
+            if self._by_value:   # as the optimizer writes (see __init__)
+                handle.assign(handle + d)
+            else:
+                handle.assign_add(d)
         if self._counter is not None:
             keras_shim.variable_handle(self._counter).assign_add(1)
+
+    def _apply_impl(self, grads, deltas):
+        self.update_ops(grads, deltas)
         # The new version, read after the updates (automatic control dependencies order a
         # read after the writes to the same variable before it).
-        return self._read_impl()
+        return self.read_ops()
 
     def apply(self, q: int, grads: Sequence, deltas: Sequence) -> None:
         """w_local += u_q on this stage, then the version of q + N_m (call on its thread)."""

@@ -31,6 +31,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -40,8 +41,9 @@ import tensorflow as tf
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.partitioner.plan import Plan
+from hetpipe_tf.pipeline.in_graph import InGraphRuntime, runs_in_graph
 from hetpipe_tf.pipeline.program import Program
-from hetpipe_tf.pipeline.runtime import PipelineRuntime
+from hetpipe_tf.pipeline.runtime import PipelineError, PipelineRuntime
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy import training_state
@@ -101,15 +103,20 @@ class HetPipeStrategy(tf.distribute.Strategy):
       num_virtual_workers: how many VWs the allocation forms (None: the policy's default).
       fresh_pulls: at every wave end, also take whatever newer w_global the servers hold,
         without waiting (the waiting rule of D is unchanged; docs/wsp.md).
+      in_graph: one VW of one stage at N_m = 1 runs each minibatch inside Keras' compiled
+        train step instead of through the runtime's stage thread (the same computation,
+        about twice as fast for small steps; its trace has one event per Keras call,
+        `pipeline/in_graph.py`). False keeps the threaded runtime for every layout.
     """
 
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
                  max_m: int | None = None, clock_distance: int = 0,
                  placement: str = "default", ps_hosts=None, allocation=None,
-                 num_virtual_workers: int | None = None, fresh_pulls: bool = True):
+                 num_virtual_workers: int | None = None, fresh_pulls: bool = True,
+                 in_graph: bool = True):
         super().__init__(HetPipeExtended(self, cluster, plan, n_m, max_m, clock_distance,
                                          placement, ps_hosts, allocation,
-                                         num_virtual_workers, fresh_pulls))
+                                         num_virtual_workers, fresh_pulls, in_graph))
 
     @property
     def plan(self):
@@ -128,11 +135,11 @@ class HetPipeStrategy(tf.distribute.Strategy):
     def num_virtual_workers(self) -> int | None:
         return len(self.extended.plans) if self.extended.plans else None
 
-    def pipeline(self, model, vw: int = 0) -> PipelineRuntime:
+    def pipeline(self, model, vw: int = 0) -> PipelineRuntime | InGraphRuntime:
         """The pipeline runtime of virtual worker `vw` training `model` (records, trace,
         logs); for tests, monitoring and debugging."""
         rt = self.extended.pipelines[id(model)].executor
-        if isinstance(rt, PipelineRuntime):
+        if isinstance(rt, (PipelineRuntime, InGraphRuntime)):
             if vw != 0:
                 raise ValueError(f"This strategy has one virtual worker. Received: vw={vw}.")
             return rt
@@ -142,7 +149,9 @@ class HetPipeStrategy(tf.distribute.Strategy):
         """The WSP coordinator (parameter servers, syncs, assignment) of several virtual
         workers training `model`; None with one virtual worker."""
         t = self.extended.pipelines.get(id(model))
-        return None if t is None or isinstance(t.executor, PipelineRuntime) else t.executor
+        if t is None or isinstance(t.executor, (PipelineRuntime, InGraphRuntime)):
+            return None
+        return t.executor
 
     def drain(self) -> None:
         """Wait until every minibatch handed to the pipeline completed (weights up to date)."""
@@ -163,7 +172,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     def __init__(self, container, cluster, plan, n_m, max_m, clock_distance=0,
                  placement="default", ps_hosts=None, allocation=None,
-                 num_virtual_workers=None, fresh_pulls=True):
+                 num_virtual_workers=None, fresh_pulls=True, in_graph=True):
         from hetpipe_tf.cluster.allocation import AllocationPolicy
         from hetpipe_tf.ps.placement import PlacementPolicy
 
@@ -200,6 +209,9 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             raise ValueError("fresh_pulls must be True or False. Received: "
                              f"fresh_pulls={fresh_pulls!r}.")
         self.fresh_pulls = fresh_pulls
+        if not isinstance(in_graph, bool):
+            raise ValueError(f"in_graph must be True or False. Received: in_graph={in_graph!r}.")
+        self.in_graph = in_graph
         if self.allocation is not None and (self.plans or self._plan_fn is not None):
             raise ValueError(
                 "allocation forms virtual workers for the planner; it cannot be combined with "
@@ -327,6 +339,9 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         (data,) = args
         runtime = self._runtime_for(model, data)
         training = self.pipelines[id(model)]
+        if isinstance(runtime, InGraphRuntime):   # no py_function: ops of Keras' step
+            x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
+            return runtime.step(training.program.model_inputs(x), y, sw)
         flat = tf.nest.flatten(data)
         present = [i for i, t in enumerate(flat) if t is not None]
         structure = data
@@ -418,9 +433,14 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                              counter=model.optimizer.iterations if s.index == 0 else None,
                              emulated_speed_factor=s.emulated_speed_factor)
                 for s, o in zip(stages, optimizers)])
-            runtime = PipelineRuntime(stages, weights, self.n_m, update_metrics,
-                                      plan=self.plans[0], on_run_start=states.seed,
-                                      on_run_end=states.merge)
+            if self.in_graph and runs_in_graph(stages, self.n_m):
+                runtime = InGraphRuntime(stages[0], weights, update_metrics,
+                                         model.optimizer.iterations, plan=self.plans[0],
+                                         on_run_start=states.seed, on_run_end=states.merge)
+            else:
+                runtime = PipelineRuntime(stages, weights, self.n_m, update_metrics,
+                                          plan=self.plans[0], on_run_start=states.seed,
+                                          on_run_end=states.merge)
         else:
             from hetpipe_tf.strategy.virtual_workers import build_virtual_workers
             runtime = build_virtual_workers(
@@ -457,6 +477,14 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
             @functools.wraps(original)
             def call(*args, **kwargs):
+                t = extended.pipelines.get(id(model))
+                if (name == "fit" and t is not None and t.executor.closed
+                        and _same_compile(t.compiled, _compiled_state(model))):
+                    raise PipelineError(
+                        f"The strategy training {model.name!r} was closed, so it takes no "
+                        "more minibatches. Received: fit() after strategy.close() (or after "
+                        "leaving `with strategy:`); call compile() again in "
+                        "`strategy.scope()` to train on, or keep the strategy open.")
                 try:
                     return original(*args, **kwargs)
                 except BaseException as e:
@@ -482,14 +510,48 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 training_state.build_canonical(model)
             return _original(*args, **kwargs)
 
+        def make_train_function(*args, _original=model.make_train_function, **kwargs):
+            _original(*args, **kwargs)   # sets model.train_function (returns None)
+            fn = model.train_function
+            if fn is None or getattr(fn, "_hetpipe_calls", False):
+                return fn
+
+            def train_function(iterator):
+                # The in-graph runtime opens its run before a call and records it after
+                # (several minibatches a call with steps_per_execution > 1).
+                before = extended._in_graph_runtime(model)
+                if before is not None:
+                    before.begin_call()
+                t0 = time.perf_counter()
+                out = fn(iterator)
+                after = extended._in_graph_runtime(model)   # the first call builds it
+                if after is not None:
+                    after.end_call(t0, model.steps_per_execution)
+                return out
+
+            train_function._hetpipe_calls = True
+            model.train_function = train_function
+            return train_function
+
         for name in ("fit", "evaluate", "predict"):
             object.__setattr__(model, name, guarded(name))
+        object.__setattr__(model, "make_train_function", make_train_function)
         for name in ("save", "save_weights", "get_weights"):
             object.__setattr__(model, name, drained(name))
         object.__setattr__(model, "load_weights",
                            functools.wraps(model.load_weights)(load_weights))
         object.__setattr__(model, "_hetpipe_guarded", True)
         self._guarded.add(model)
+
+    def _in_graph_runtime(self, model) -> InGraphRuntime | None:
+        """The model's in-graph runtime, None if it has none or a re-compile will replace
+        a closed one (at the next trace)."""
+        t = self.pipelines.get(id(model))
+        if t is None or not isinstance(t.executor, InGraphRuntime):
+            return None
+        if t.executor.closed and not _same_compile(t.compiled, _compiled_state(model)):
+            return None
+        return t.executor
 
     def abort(self, model) -> BaseException | None:
         """Stop `model`'s executor after a failed call (module docstring); returns the error

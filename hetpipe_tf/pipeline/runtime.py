@@ -1,7 +1,10 @@
 """The pipeline runtime of one virtual worker: a thread per stage.
 
 `submit` hands minibatch p to stage 0 once p - N_m has completed (at most N_m in flight);
-it returns at once, so the Keras step that called it does not wait for p. Each stage thread
+it returns at once, so the Keras step that called it does not wait for p. When N_m are in
+flight, p waits in a one-place waiting room and whoever completes p - N_m (stage 0's
+thread, or the updater) queues its forward at once: the Keras thread's wake-up is off the
+pipeline's critical path, and only its next `submit` blocks. Each stage thread
 takes tasks from its FIFO queue in the order they became ready: a forward task when the
 previous stage sent p's activations, a backward task when the next stage sent p's output
 gradients; the last stage runs forward, loss and backward of p as one task and updates the
@@ -124,6 +127,7 @@ class PipelineRuntime(Executor):
         self._cond = threading.Condition()
         self.submitted = 0
         self.completed = 0
+        self._waiting: Minibatch | None = None   # admitted, starts when p - N_m completes
         self.run_starts = Window(history)
         self._run_open = False
         self._run = 0
@@ -166,15 +170,19 @@ class PipelineRuntime(Executor):
                 self._run_open = True
                 self.run_starts.append(self.submitted + 1)
                 self.versions.start_run(self.submitted + 1)
-            while self.submitted - self.completed >= self.n_m and self._error is None:
-                self._cond.wait()
+            while self.submitted - self.completed > self.n_m and self._error is None:
+                self._cond.wait()   # N_m in flight and one waiting already
             self._raise_if_failed()
             self.submitted += 1
             mb = Minibatch(self.submitted, inputs, y, sample_weight, run=self._run)
-            self._outstanding += 1
-        # (Running a 1-stage task on the caller's thread instead was measured slower: a
-        # compiled function called from inside the Keras step's py_function; see
-        # docs/performance.md.)
+            if mb.id - self.completed > self.n_m:
+                self._waiting = mb   # `_completed` of mb.id - N_m starts it
+                return
+            self._start(mb)
+
+    def _start(self, mb: Minibatch) -> None:
+        """Queue p's first task (call under `_cond`; p - N_m has completed)."""
+        self._outstanding += 1
         kind = TaskKind.FORWARD_BACKWARD if len(self.stages) == 1 else TaskKind.FORWARD
         self._queues[0].put((kind, mb, None))
 
@@ -223,6 +231,7 @@ class PipelineRuntime(Executor):
             for p in range(self.completed + 1, self.submitted + 1):
                 self.versions.forget(p)
             self.submitted = self.completed
+            self._waiting = None
             was_open, self._run_open = self._run_open, False
             self._error = None
             self._cond.notify_all()
@@ -386,4 +395,9 @@ class PipelineRuntime(Executor):
         with self._cond:
             self.completed = mb.id
             self.completions.append(mb.id)
+            waiting = self._waiting
+            if (waiting is not None and waiting.run == self._run
+                    and waiting.id - self.completed <= self.n_m):
+                self._waiting = None
+                self._start(waiting)
             self._cond.notify_all()

@@ -79,6 +79,13 @@ class Stage:
 
     # --- the compiled bodies -----------------------------------------------------------
     def _forward_impl(self, tvals, vvals, svals, inputs):
+        # Cut what takes no gradient: the backward TensorFlow derives for this function
+        # (the tape of a non-last stage) otherwise computes one for every input, e.g. a
+        # whole MatMul for the model's features into stage 0 (about 1/13 of the large
+        # benchmark model's backward; docs/performance.md).
+        inputs = [x if need else tf.stop_gradient(x)
+                  for x, need in zip(inputs, self._grad_mask(inputs))]
+        vvals = [tf.stop_gradient(v) for v in vvals]
         mapping = (list(zip(self.trainable, tvals)) + list(zip(self.versioned_nt, vvals))
                    + list(zip(self.sequential_nt, svals)))
         with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:

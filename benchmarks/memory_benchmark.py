@@ -245,7 +245,8 @@ def _setting(tf, np, keras, k: int, n_m: int, opt: str, profile, ds) -> tuple[li
     cm = CostModel(profile, cluster.devices, cluster, n_m=n_m,
                    optimizer_slots=optimizer_slots(opt))
     keras.utils.set_random_seed(0)
-    strategy = HetPipeStrategy(cluster, plan=plan)
+    # It reads the threaded runtime's buffers, also for one stage at N_m = 1.
+    strategy = HetPipeStrategy(cluster, plan=plan, in_graph=False)
     with strategy.scope():
         model = _build(keras, "measured")
         model.compile(opt, "sparse_categorical_crossentropy")

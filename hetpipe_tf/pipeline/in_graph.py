@@ -22,7 +22,8 @@ the records, as far as they exist here:
 
 Nothing is ever in flight between Keras calls, so `drain` and `abort` only end the run. A
 Ctrl-C lands between calls (TensorFlow runs a call to its end before Python handles the
-signal), so no minibatch is half applied.
+signal), so no minibatch is half applied; with `run_eagerly=True` Keras runs the step op by
+op in Python, and an interrupt can land inside it, as in plain Keras.
 """
 
 from __future__ import annotations
@@ -183,10 +184,13 @@ class InGraphRuntime(Executor):
         """Nothing is in flight: end the run (the model's optimizer takes the state)."""
         if not self._run_open:
             return
-        self._done_before_run = self.completed
-        self._run_open = False
+        done = self.completed
         if self._on_run_end is not None:
             self._on_run_end()
+        # Closed only once merged: an interrupt inside the merge leaves the run open, so
+        # the abort that follows merges again.
+        self._done_before_run = done
+        self._run_open = False
 
     def abort(self) -> None:
         self.drain()

@@ -203,9 +203,7 @@ class PipelineRuntime(Executor):
         self.versions.wait_applied(target, stop=lambda: self._error is not None)
         with self._cond:
             self._raise_if_failed()
-            was_open, self._run_open = self._run_open, False
-        if was_open and self._on_run_end is not None:
-            self._on_run_end()
+        self._end_run()
 
     @property
     def record(self) -> RecordView:
@@ -232,11 +230,17 @@ class PipelineRuntime(Executor):
                 self.versions.forget(p)
             self.submitted = self.completed
             self._waiting = None
-            was_open, self._run_open = self._run_open, False
             self._error = None
             self._cond.notify_all()
-        if was_open and self._on_run_end is not None:
+        self._end_run()
+
+    def _end_run(self) -> None:
+        # Closed only once `on_run_end` returned: an interrupt inside it leaves the run
+        # open, so the abort that follows runs it again.
+        if self._run_open and self._on_run_end is not None:
             self._on_run_end()
+        with self._cond:
+            self._run_open = False
 
     def close(self) -> None:
         """Stop and join the threads (minibatches in flight are dropped)."""

@@ -4,9 +4,10 @@ virtual worker (paper Sections 3-4).
 Keras 3 `model.fit` calls `strategy.run(model.train_step, ...)` inside a tf.function; the
 extended's `_call_for_each_replica` sees the model's bound `train_step` and replaces it by a
 `tf.py_function` that hands the batch to the model's `PipelineRuntime` (returning at once
-unless N_m minibatches are in flight) and returns the loss and compiled metrics as of the
-last completed minibatch. `test_step`/`predict_step` (evaluate, predict, validation) first
-drain the pipeline and then run on the live weights. The pipeline also drains whenever
+unless N_m minibatches are in flight and one more waits) and returns the loss and compiled
+metrics as of the last completed minibatch; one stage at N_m = 1 instead puts the stage's
+own ops into the step (`InGraphRuntime`, no py_function). `test_step`/`predict_step`
+(evaluate, predict, validation) first drain the pipeline and then run on the live weights. The pipeline also drains whenever
 Keras reads the model's metrics with `get_metrics_result` (at the end of every epoch, before
 validation and epoch-end callbacks), so epoch-end logs, callbacks and the weights after
 `fit` reflect every minibatch. See docs/strategy.md.
@@ -57,7 +58,7 @@ logger = logging.getLogger(__name__)
 class _Training:
     """What the strategy keeps for one model: its executor and what it was built from."""
 
-    executor: Any            # PipelineRuntime (one VW) or Coordinator (several VWs)
+    executor: Any    # PipelineRuntime / InGraphRuntime (one VW), Coordinator (several)
     program: Program
     compiled: tuple          # (optimizer, loss, metrics, trainable variables) at build
     batch_size: int
@@ -229,6 +230,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         self._last_stage_device = (self.plan.stages[-1].tf_device if self.plan is not None
                                    else None)
         self.pipelines: dict[int, _Training] = {}
+        self._traced: dict[int, InGraphRuntime | None] = {}   # per model, at its last trace
         self._lock = threading.RLock()
         self._runtime_threads: set[int] = set()
         self._local_placement = threading.local()
@@ -339,6 +341,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         (data,) = args
         runtime = self._runtime_for(model, data)
         training = self.pipelines[id(model)]
+        # What the train function being traced runs: its wrapper binds to it.
+        self._traced[id(model)] = runtime if isinstance(runtime, InGraphRuntime) else None
         if isinstance(runtime, InGraphRuntime):   # no py_function: ops of Keras' step
             x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
             return runtime.step(training.program.model_inputs(x), y, sw)
@@ -377,6 +381,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                     t.executor.close()
                 self._runtime_threads -= t.executor.thread_ids   # idents may be reused
                 del self.pipelines[id(model)]
+                self._traced.pop(id(model), None)
                 t = None
             if t is not None:
                 check_same_batch(data, t.batch_size)
@@ -515,18 +520,23 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             fn = model.train_function
             if fn is None or getattr(fn, "_hetpipe_calls", False):
                 return fn
+            bound: list = []   # the runtime this Keras function was traced with
 
             def train_function(iterator):
-                # The in-graph runtime opens its run before a call and records it after
-                # (several minibatches a call with steps_per_execution > 1).
-                before = extended._in_graph_runtime(model)
-                if before is not None:
-                    before.begin_call()
+                # An in-graph runtime opens its run before a call (refusing when closed)
+                # and records the call after it.
+                rt = bound[0] if bound else None
+                if rt is not None:
+                    rt.begin_call()
                 t0 = time.perf_counter()
-                out = fn(iterator)
-                after = extended._in_graph_runtime(model)   # the first call builds it
-                if after is not None:
-                    after.end_call(t0, model.steps_per_execution)
+                try:
+                    out = fn(iterator)
+                finally:
+                    if not bound and id(model) in extended._traced:   # the first trace
+                        bound.append(extended._traced[id(model)])
+                        rt = bound[0]
+                if rt is not None:
+                    rt.end_call(t0, model.steps_per_execution)
                 return out
 
             train_function._hetpipe_calls = True
@@ -536,22 +546,16 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         for name in ("fit", "evaluate", "predict"):
             object.__setattr__(model, name, guarded(name))
         object.__setattr__(model, "make_train_function", make_train_function)
+        if model.__dict__.get("train_function") is not None:
+            # Guarded during the first trace (compiled outside the scope): Keras reads
+            # model.train_function before every call, so the wrapper serves from the next.
+            make_train_function()
         for name in ("save", "save_weights", "get_weights"):
             object.__setattr__(model, name, drained(name))
         object.__setattr__(model, "load_weights",
                            functools.wraps(model.load_weights)(load_weights))
         object.__setattr__(model, "_hetpipe_guarded", True)
         self._guarded.add(model)
-
-    def _in_graph_runtime(self, model) -> InGraphRuntime | None:
-        """The model's in-graph runtime, None if it has none or a re-compile will replace
-        a closed one (at the next trace)."""
-        t = self.pipelines.get(id(model))
-        if t is None or not isinstance(t.executor, InGraphRuntime):
-            return None
-        if t.executor.closed and not _same_compile(t.compiled, _compiled_state(model)):
-            return None
-        return t.executor
 
     def abort(self, model) -> BaseException | None:
         """Stop `model`'s executor after a failed call (module docstring); returns the error

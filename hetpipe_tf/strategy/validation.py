@@ -126,7 +126,8 @@ def _check_compile(model) -> None:
         raise ValueError(
             "HetPipeStrategy cannot run with XLA: its training step hands each minibatch to "
             "the pipeline's threads through tf.py_function, which XLA cannot compile (each "
-            "stage's own functions are compiled by TensorFlow as usual). Received: "
+            "stage's own functions are compiled by TensorFlow as usual; refused for every "
+            "layout, so that changing the layout never changes what compiles). Received: "
             "jit_compile=True; call model.compile(..., jit_compile=False) or leave the "
             "default 'auto' (Keras turns XLA off under a tf.distribute strategy).")
 

@@ -185,6 +185,45 @@ def test_a_closed_strategy_refuses_to_train_until_a_recompile():
         strategy.close()
 
 
+def test_compiled_outside_the_scope_keeps_the_optimizer_state_across_fits():
+    """Model and optimizer made in the scope, compile() outside it: the strategy first sees
+    the model while tracing, after Keras built its train function; runs still open and
+    merge per epoch (a second fit equals plain Keras, momentum included)."""
+    x, y = regression_data(64, 1)
+    make = OPTIMIZERS["sgd_momentum"]
+    keras.utils.set_random_seed(3)
+    strategy = _strategy()
+    with strategy.scope():
+        model = _model()
+        opt = make()
+    _compile(model, opt)
+    keras.utils.set_random_seed(3)
+    plain = _model()
+    _compile(plain, make())
+    for m in (model, plain):
+        m.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    assert strategy.pipeline(model).run_starts == [1, 9]
+    for a, b in zip(model.optimizer.variables, plain.optimizer.variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+    for m in (model, plain):
+        m.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    assert_weights_close(model.get_weights(), plain.get_weights())
+    strategy.close()
+
+
+def test_a_closed_strategy_refuses_also_after_trainable_flags_change():
+    """Changing trainable flags without compile() keeps Keras' traced step: it must not
+    train on the closed runtime."""
+    x, y = regression_data(16, 1)
+    strategy, model, _ = _fit_pipelined(OPTIMIZERS["adam"], epochs=1)
+    strategy.close()
+    model.get_layer("d1").trainable = False
+    weights = model.get_weights()
+    with pytest.raises(PipelineError, match="closed"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert_weights_close(model.get_weights(), weights)
+
+
 def test_which_layouts_run_in_graph():
     stage = lambda f=1.0: types.SimpleNamespace(emulated_speed_factor=f)  # noqa: E731
     assert runs_in_graph([stage()], 1)

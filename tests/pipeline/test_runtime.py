@@ -29,8 +29,10 @@ def test_submit_returns_with_n_m_in_flight_and_the_next_one_waits():
         return apply(j, q, grads, deltas)
 
     runtime.versions.apply = held_apply
-    batch = lambda i: ([tf.constant(x[8 * i:8 * i + 8])], tf.constant(y[8 * i:8 * i + 8]),  # noqa: E731
-                       None)
+
+    def batch(i):
+        return ([tf.constant(x[8 * i:8 * i + 8])], tf.constant(y[8 * i:8 * i + 8]), None)
+
     try:
         runtime.submit(*batch(0))       # in flight
         runtime.submit(*batch(1))       # N_m = 1 in flight: waits, but submit returns

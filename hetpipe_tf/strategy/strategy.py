@@ -386,6 +386,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             if t is not None:
                 check_same_batch(data, t.batch_size)
                 return t.executor
+            self._traced.pop(id(model), None)   # a dead model's, should its id be reused
             t = self._build_runtime(model, data)
             self.pipelines[id(model)] = t
             return t.executor

@@ -70,6 +70,7 @@ class Stage:
         self._fwd_bwd_metrics_fn = None   # built for the first metrics function given
         self._metrics = None
         self.emulated_sleep_s = 0.0  # total time slept for emulation (labelled as such)
+        self._one = None   # the extra loss's output gradient (a float32 scalar 1)
 
     @classmethod
     def for_plan(cls, plan, program: Program, model) -> list["Stage"]:
@@ -174,7 +175,9 @@ class Stage:
                     targets.append(o)
                     ograds.append(tf.zeros_like(o) if g is None else tf.cast(g, o.dtype))
             targets.append(saved.extra)
-            ograds.append(tf.ones_like(saved.extra))
+            if self._one is None:   # made once: an eager op per backward showed in profiles
+                self._one = tf.ones((), saved.extra.dtype)
+            ograds.append(self._one)
             wg, ig = saved.tape.gradient(targets, [saved.tvals, saved.float_inputs],
                                          output_gradients=ograds)
             in_grads = self._spread(saved.mask, ig)

@@ -4,22 +4,14 @@ completes), and only the submit after it blocks."""
 
 import threading
 
-import keras
 import tensorflow as tf
 
-from hetpipe_tf.strategy import HetPipeStrategy, even_plan
-from tests.strategy.helpers import DEVICES, regression_data, skip_model
+from tests.strategy.helpers import regression_data, threaded_one_stage
 
 
 def test_submit_returns_with_n_m_in_flight_and_the_next_one_waits():
     x, y = regression_data(32, 2)
-    strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:1], n_m=1),
-                               in_graph=False)
-    with strategy.scope():
-        model = skip_model(0)
-        model.compile(keras.optimizers.SGD(0.01), "mse")
-    model.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0)   # builds the runtime
-    runtime = strategy.pipeline(model)
+    strategy, model, runtime = threaded_one_stage(x, y, warmup_rows=8)
     done_before = runtime.completed
     gate = threading.Event()
     apply = runtime.versions.apply

@@ -10,8 +10,7 @@ import pytest
 import tensorflow as tf
 
 from hetpipe_tf.pipeline.weights import StageWeights
-from hetpipe_tf.strategy import HetPipeStrategy, even_plan
-from tests.strategy.helpers import DEVICES, regression_data, skip_model
+from tests.strategy.helpers import DEVICES, regression_data, threaded_one_stage
 
 
 def _address(t) -> int:
@@ -103,13 +102,7 @@ def test_one_stage_pipeline_takes_a_version_per_minibatch_threaded():
     """The threaded runtime at N_m = 1 (in_graph=False): one version a minibatch, each
     reflecting every earlier update."""
     x, y = regression_data(64, 3)
-    strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:1], n_m=1),
-                               in_graph=False)
-    with strategy.scope():
-        model = skip_model(0)
-        model.compile(keras.optimizers.SGD(0.01), "mse")
-    model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)   # builds the runtime
-    runtime = strategy.pipeline(model)
+    strategy, model, runtime = threaded_one_stage(x, y, warmup_rows=16)
     seen = []
     original = runtime.versions.take
 

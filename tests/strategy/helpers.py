@@ -94,3 +94,16 @@ def assert_weights_close(a, b, atol=1e-5):
     assert len(a) == len(b)
     for i, (u, v) in enumerate(zip(a, b)):
         np.testing.assert_allclose(u, v, atol=atol, rtol=1e-5, err_msg=f"weight {i}")
+
+
+def threaded_one_stage(x, y, warmup_rows: int):
+    """(strategy, model, runtime): skip_model(0) as one stage at N_m = 1 through the
+    threaded runtime (in_graph=False), SGD, built by a fit on the first `warmup_rows`."""
+    from hetpipe_tf.strategy import HetPipeStrategy, even_plan
+    strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:1], n_m=1),
+                               in_graph=False)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+    model.fit(x[:warmup_rows], y[:warmup_rows], batch_size=8, epochs=1, verbose=0)
+    return strategy, model, strategy.pipeline(model)

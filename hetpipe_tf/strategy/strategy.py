@@ -7,10 +7,10 @@ extended's `_call_for_each_replica` sees the model's bound `train_step` and repl
 unless N_m minibatches are in flight and one more waits) and returns the loss and compiled
 metrics as of the last completed minibatch; one stage at N_m = 1 instead puts the stage's
 own ops into the step (`InGraphRuntime`, no py_function). `test_step`/`predict_step`
-(evaluate, predict, validation) first drain the pipeline and then run on the live weights. The pipeline also drains whenever
-Keras reads the model's metrics with `get_metrics_result` (at the end of every epoch, before
-validation and epoch-end callbacks), so epoch-end logs, callbacks and the weights after
-`fit` reflect every minibatch. See docs/strategy.md.
+(evaluate, predict, validation) first drain the pipeline and then run on the live weights.
+The pipeline also drains whenever Keras reads the model's metrics with `get_metrics_result`
+(at the end of every epoch, before validation and epoch-end callbacks), so epoch-end logs,
+callbacks and the weights after `fit` reflect every minibatch. See docs/strategy.md.
 
 Per model the strategy keeps a `_Training`: the executor (a `PipelineRuntime` for one
 virtual worker, a `Coordinator` for several) and what it was built from. A new `compile()`
@@ -533,8 +533,9 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 try:
                     out = fn(iterator)
                 finally:
-                    if not bound and id(model) in extended._traced:   # the first trace
-                        bound.append(extended._traced[id(model)])
+                    # Bound at the first trace, rebound should a retrace build a new one.
+                    if id(model) in extended._traced:
+                        bound[:] = [extended._traced[id(model)]]
                         rt = bound[0]
                 if rt is not None:
                     rt.end_call(t0, model.steps_per_execution)

@@ -18,9 +18,9 @@ virtual worker, a `Coordinator` for several) and what it was built from. A new `
 weights. The model's `fit`/`evaluate`/`predict` are guarded (installed when the model is
 compiled in the scope): an exception or interrupt aborts the executor (nothing in flight is
 applied after the call raised; the state is the last applied one) and a stage's error is
-re-raised as itself. `save`/`save_weights`/`get_weights` drain first and `load_weights`
-builds the optimizer first, so the model and its optimizer hold the whole training state
-when read or written (docs/state.md).
+re-raised as itself. `save`/`save_weights`/`get_weights`/`set_weights` drain first and
+`load_weights` drains and builds the optimizer first, so the model and its optimizer hold
+the whole training state when read or written (docs/state.md).
 """
 
 from __future__ import annotations
@@ -473,7 +473,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     # --- the model's own calls: abort on failure, drain before reading state -------------
     def guard_model(self, model) -> None:
         """Wrap the model's fit/evaluate/predict (abort on an exception), save/save_weights/
-        get_weights (drain first) and load_weights (build the optimizer first). Once."""
+        get_weights/set_weights (drain first) and load_weights (drain, build the optimizer
+        first). Once."""
         if model.__dict__.get("_hetpipe_guarded"):
             return
         extended = self
@@ -512,6 +513,11 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             return call
 
         def load_weights(*args, _original=model.load_weights, **kwargs):
+            if (tf.executing_eagerly()
+                    and threading.get_ident() not in extended._runtime_threads):
+                # Mid-run (a callback): end the run first, so the loaded weights and
+                # optimizer state seed the next run instead of being merged over.
+                extended.drain()
             if getattr(model, "optimizer", None) is not None:
                 training_state.build_canonical(model)
             return _original(*args, **kwargs)
@@ -552,7 +558,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             # Guarded during the first trace (compiled outside the scope): Keras reads
             # model.train_function before every call, so the wrapper serves from the next.
             make_train_function()
-        for name in ("save", "save_weights", "get_weights"):
+        for name in ("save", "save_weights", "get_weights", "set_weights"):
             object.__setattr__(model, name, drained(name))
         object.__setattr__(model, "load_weights",
                            functools.wraps(model.load_weights)(load_weights))

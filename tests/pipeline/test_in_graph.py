@@ -232,3 +232,49 @@ def test_which_layouts_run_in_graph():
     assert not runs_in_graph([stage(0.5)], 1)            # emulation sleeps in Python
     with pytest.raises(ValueError, match="in_graph must be True or False"):
         HetPipeStrategy(plan=even_plan(_model(), DEVICES[:1], n_m=1), in_graph="yes")
+
+
+class _LoadAt(keras.callbacks.Callback):
+    def __init__(self, batch, path):
+        super().__init__()
+        self.batch, self.path = batch, path
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            self.model.load_weights(self.path)
+
+
+@pytest.mark.parametrize("layout", ["in_graph", "threaded", "two_stages"])
+def test_load_weights_in_a_callback_mid_run_is_plain_keras(layout, tmp_path):
+    """A callback that loads saved weights (weights and optimizer state, a .keras file's
+    variables through load_weights) mid-epoch: training goes on from them, as in plain
+    Keras; the run before is ended first, so nothing merges over what was loaded."""
+    x, y = regression_data(64, 1)
+    make = OPTIMIZERS["adam"]
+    results = []
+    for pipelined in (True, False):
+        keras.utils.set_random_seed(3)
+        if pipelined:
+            devices = DEVICES[:2] if layout == "two_stages" else DEVICES[:1]
+            strategy = HetPipeStrategy(plan=even_plan(_model(), devices, n_m=1),
+                                       in_graph=layout == "in_graph")
+            scope = strategy.scope
+        else:
+            scope = contextlib.nullcontext
+        with scope():
+            model = _model()
+            _compile(model, make())
+        model.fit(x[:16], y[:16], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        path = str(tmp_path / f"saved_{pipelined}.keras")
+        model.save(path)                               # weights and optimizer state
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[_LoadAt(3, path)])
+        results.append((model.get_weights(), [v.numpy() for v in model.optimizer.variables],
+                        int(model.optimizer.iterations.numpy())))
+        if pipelined:
+            strategy.close()
+    (w_a, o_a, it_a), (w_b, o_b, it_b) = results
+    assert it_a == it_b == 2 + 4     # saved at 2; loaded (back to 2) after 4 more; 4 more
+    assert_weights_close(w_a, w_b)
+    for a, b in zip(o_a, o_b):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

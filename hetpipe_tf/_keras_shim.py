@@ -15,6 +15,7 @@ training step needs from Keras' own `Functional.call` and `Trainer.train_step`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import keras
@@ -225,6 +226,15 @@ def calling_model(frame: Any, methods: tuple[str, ...] = ("compile",)) -> Any:
                 return owner
         frame = frame.f_back
     return None
+
+
+def is_auto_named(variable: Any) -> bool:
+    """Whether Keras named the variable by a counter ("variable", "variable_3"), as an
+    optimizer's own state made without a name (Nadam's u_product), not a slot named after
+    the model variable it belongs to."""
+    # Reason: Keras gives unnamed variables "variable" plus a per-process counter, so two
+    # optimizers' copies of the same state carry different names.
+    return re.fullmatch(r"variable(_\d+)?", variable.name) is not None
 
 
 def optimizer_strategy(optimizer: Any) -> Any:

@@ -83,7 +83,9 @@ def _clone(model, variables: Sequence, strategy):
     model optimizer's learning rate (a Variable or a schedule)."""
     base = model.optimizer
     with strategy.scope():
-        clone = keras.optimizers.deserialize(keras.optimizers.serialize(base))
+        # The class's own from_config: also optimizers keras.optimizers.deserialize does
+        # not know by name (it returned a string for Lamb) and users' own classes.
+        clone = type(base).from_config(base.get_config())
         lr = _keras_shim.optimizer_learning_rate(base)
         if isinstance(lr, keras.Variable):
             # One learning-rate variable for every stage: hyperparameter changes reach all.
@@ -109,8 +111,12 @@ class OptimizerStates:
         self.optimizers: list = []
         self.pairs: list[tuple] = []   # (stage optimizer's slot, model optimizer's slot)
         self._canonical: dict[str, list] = {}
+        self._unnamed: list = []   # the optimizer's own state, named by a counter
         for v in _slots(model.optimizer):
-            self._canonical.setdefault(v.name, []).append(v)
+            if _keras_shim.is_auto_named(v):
+                self._unnamed.append(v)
+            else:
+                self._canonical.setdefault(v.name, []).append(v)
 
     def for_virtual_worker(self, local: Sequence[Sequence], own: Sequence[Sequence]) -> list:
         """One optimizer per stage: built on the stage's w_local `local[j]`, which stands
@@ -130,7 +136,21 @@ class OptimizerStates:
                     f"Received: {type(clone).__name__} with {len(mine)} slot variables for "
                     f"{len(model_vars)} variables; use an optimizer whose state is one set of "
                     "variables per model variable and a step counter.")
+            unnamed = iter(self._unnamed)
             for slot, name in zip(mine, names):
+                if _keras_shim.is_auto_named(slot):
+                    # State of the optimizer itself (Nadam's momentum-schedule product),
+                    # named by a counter: the model optimizer's own, in creation order.
+                    target = next(unnamed, None)
+                    if (target is None or tuple(target.shape) != tuple(slot.shape)
+                            or target.dtype != slot.dtype):
+                        raise ValueError(
+                            "A stage optimizer's own state variable has no counterpart in "
+                            f"the model's optimizer. Received: {slot.name!r} of shape "
+                            f"{tuple(slot.shape)} in {type(clone).__name__}; use an "
+                            "optimizer whose state is per-variable slots and scalars.")
+                    self.pairs.append((slot, target))
+                    continue
                 k = seen.get(name, 0)
                 seen[name] = k + 1
                 targets = self._canonical.get(name, [])

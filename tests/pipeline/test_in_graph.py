@@ -60,7 +60,8 @@ def _fit_plain(make_opt, epochs=2, steps_per_execution=1):
 
 
 OPTIMIZERS = {"sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
-              "adam": lambda: keras.optimizers.Adam(0.01)}
+              "adam": lambda: keras.optimizers.Adam(0.01),
+              "nadam": lambda: keras.optimizers.Nadam(0.01)}
 
 
 @pytest.mark.parametrize("steps_per_execution", [1, 3])

@@ -27,6 +27,8 @@ OPTIMIZERS = {
     "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05),
     "rmsprop": lambda: keras.optimizers.RMSprop(0.005),
     "adagrad": lambda: keras.optimizers.Adagrad(0.05),
+    "nadam": lambda: keras.optimizers.Nadam(0.01),   # state of its own: u_product
+    "lamb": lambda: keras.optimizers.Lamb(0.01),     # unknown to optimizers.deserialize
     "adam_schedule": lambda: keras.optimizers.Adam(
         keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=2, decay_rate=0.5)),
 }

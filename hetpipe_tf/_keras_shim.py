@@ -228,6 +228,14 @@ def calling_model(frame: Any, methods: tuple[str, ...] = ("compile",)) -> Any:
     return None
 
 
+def stand_in_for(copy: Any, original: Any) -> None:
+    """Give a virtual worker's tf.Variable copy of a model variable the model variable's
+    Keras `path`, which some optimizers read to choose their rule per variable (Muon's
+    exclude_layers)."""
+    # Reason: Keras optimizers expect Keras Variables; the copies are plain tf.Variables.
+    copy.path = getattr(original, "path", original.name)
+
+
 def is_auto_named(variable: Any) -> bool:
     """Whether Keras named the variable by a counter ("variable", "variable_3"), as an
     optimizer's own state made without a name (Nadam's u_product), not a slot named after

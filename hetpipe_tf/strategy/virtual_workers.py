@@ -109,8 +109,11 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                         copies = []
                         for v in group:
                             with tf.device(s.device):
+                                # No "/" in the name: optimizers name their slots after
+                                # it, and Keras refuses "/" there (Adafactor).
                                 c = tf.Variable(initial[index[id(v)]], trainable=False,
-                                                name=f"vw{w}/{v.name.replace(':', '_')}")
+                                                name=f"vw{w}_{v.name.replace(':', '_')}")
+                            _keras_shim.stand_in_for(c, v)
                             local_flat[index[id(v)]] = c
                             copies.append(c)
                         groups.append(copies)

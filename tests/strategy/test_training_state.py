@@ -29,6 +29,8 @@ OPTIMIZERS = {
     "adagrad": lambda: keras.optimizers.Adagrad(0.05),
     "nadam": lambda: keras.optimizers.Nadam(0.01),   # state of its own: u_product
     "lamb": lambda: keras.optimizers.Lamb(0.01),     # unknown to optimizers.deserialize
+    "adafactor": lambda: keras.optimizers.Adafactor(0.01),   # slots named after variables
+    "muon": lambda: keras.optimizers.Muon(0.01),     # reads each variable's Keras path
     "adam_schedule": lambda: keras.optimizers.Adam(
         keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=2, decay_rate=0.5)),
 }

@@ -32,6 +32,7 @@ import tensorflow as tf
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.partitioner.layer_graph import TensorRef
 from hetpipe_tf.pipeline.compiled import compiled_method
+from hetpipe_tf.pipeline.emulation import emulate_slowdown
 from hetpipe_tf.pipeline.program import Program
 
 
@@ -125,18 +126,20 @@ class Stage:
         return grads[0], grads[1], loss, outputs, deltas, new_s
 
     def _fwd_bwd_metrics_impl(self, tvals, vvals, svals, inputs, y, sample_weight, extra):
+        return self._fwd_bwd_logs(self._metrics, tvals, vvals, svals, inputs, y,
+                                  sample_weight, extra)
+
+    def _fwd_bwd_logs(self, metrics, tvals, vvals, svals, inputs, y, sample_weight, extra):
+        """The last stage's task with the metrics updated on its total loss (+ `extra`)."""
         wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd_impl(tvals, vvals, svals, inputs,
                                                                   y, sample_weight)
         total = loss if extra is None else loss + extra
-        logs = self._metrics(total, y, self.program.pack_outputs(outputs), sample_weight)
+        logs = metrics(total, y, self.program.pack_outputs(outputs), sample_weight)
         return wg, ig, total, outputs, deltas, new_s, logs
 
     # --- tasks (call on the stage's thread) ---------------------------------------------
     def _emulate(self, t0: float) -> None:
-        if self.emulated_speed_factor < 1.0:
-            extra = (time.perf_counter() - t0) * (1.0 / self.emulated_speed_factor - 1.0)
-            time.sleep(extra)  # EMULATION of a slower device, not real work
-            self.emulated_sleep_s += extra
+        self.emulated_sleep_s += emulate_slowdown(t0, self.emulated_speed_factor)
 
     def _read_sequential(self):
         if not self.sequential_nt:   # most models: nothing to read per task
@@ -219,10 +222,11 @@ class Stage:
         if self.index != 0 or not self.is_last:
             raise ValueError(f"train_ops needs the only stage of a model. Received: stage "
                              f"{self.index} of a pipeline with more.")
-        wg, _, loss, outputs, deltas, new_s = self._fwd_bwd_impl(
-            list(tvals), list(vvals), self._read_sequential(), list(inputs), y, sample_weight)
+        wg, _, _, _, deltas, new_s, logs = self._fwd_bwd_logs(
+            metrics, list(tvals), list(vvals), self._read_sequential(), list(inputs), y,
+            sample_weight, None)
         self._write_sequential(new_s)
-        return wg, deltas, metrics(loss, y, self.program.pack_outputs(outputs), sample_weight)
+        return wg, deltas, logs
 
     def _grad_mask(self, inputs) -> list[bool]:
         return [g and x.dtype.is_floating for x, g in zip(inputs, self._in_grad)]

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from hetpipe_tf import _keras_shim as keras_shim
 from hetpipe_tf.pipeline.compiled import compiled_method
+from hetpipe_tf.pipeline.emulation import emulate_slowdown
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
 
 
@@ -136,10 +137,7 @@ class StageWeights:
             t0 = time.perf_counter()
             with tf.device(self.device):
                 t, n = self._apply_fn(list(grads), list(deltas))
-            if self.emulated_speed_factor < 1.0:
-                extra = (time.perf_counter() - t0) * (1.0 / self.emulated_speed_factor - 1.0)
-                time.sleep(extra)  # EMULATION of a slower device, not real work
-                self.emulated_sleep_s += extra
+            self.emulated_sleep_s += emulate_slowdown(t0, self.emulated_speed_factor)
             self.applied = q
             self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
 

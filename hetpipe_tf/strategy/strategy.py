@@ -381,12 +381,13 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                     t.executor.close()
                 self._runtime_threads -= t.executor.thread_ids   # idents may be reused
                 del self.pipelines[id(model)]
-                self._traced.pop(id(model), None)
                 t = None
             if t is not None:
                 check_same_batch(data, t.batch_size)
                 return t.executor
-            self._traced.pop(id(model), None)   # a dead model's, should its id be reused
+            # The last trace's runtime is gone (re-compile), or a dead model's whose
+            # id was reused: the wrapper binds to the one built now.
+            self._traced.pop(id(model), None)
             t = self._build_runtime(model, data)
             self.pipelines[id(model)] = t
             return t.executor

@@ -286,3 +286,20 @@ def write_by_value(optimizer: Any, variables: Any) -> None:
 
     optimizer.assign_add = by_value(in_place_add, tf.add)
     optimizer.assign_sub = by_value(in_place_sub, tf.subtract)
+
+
+def concrete_flat_inputs(concrete: Any, args: tuple) -> list:
+    """The tensors `concrete` (a ConcreteFunction) takes for `args`, as its structured call
+    binds them."""
+    # Reason: ConcreteFunction.__call__ binds the arguments to its FunctionType on every
+    # call; `compiled.py` binds once per argument key and calls the flat function after.
+    from tensorflow.python.eager.polymorphic_function import function_type_utils
+    bound = function_type_utils.canonicalize_function_inputs(args, {}, concrete.function_type)
+    return list(concrete.function_type.unpack_inputs(bound))
+
+
+def call_concrete_flat(concrete: Any, flat: list) -> Any:
+    """Call `concrete` on the flat tensors `concrete_flat_inputs` returned (the same
+    structured outputs as `concrete(*args)`)."""
+    # Reason: the flat call is private (`_call_flat`), the public one rebinds every time.
+    return concrete._call_flat(flat, concrete.captured_inputs)

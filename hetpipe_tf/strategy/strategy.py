@@ -37,6 +37,7 @@ import weakref
 from typing import Any, Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
@@ -353,6 +354,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         keys = list(spec.keys())
         dtypes = [tf.as_dtype(spec[k].dtype) for k in keys]
         shapes = [spec[k].shape for k in keys]
+        np_dtypes = [d.as_numpy_dtype for d in dtypes]
         program = training.program
 
         def submit(*tensors):
@@ -363,8 +365,10 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
             runtime.submit(program.model_inputs(x), y, sw)
             logs = runtime.logs
-            return [tf.zeros(s, d) if logs is None else tf.cast(logs[k], d)
-                    for k, s, d in zip(keys, shapes, dtypes)]
+            if logs is None:
+                return [tf.zeros(s, d) for s, d in zip(shapes, dtypes)]
+            # Host values (`_set_logs`): handed back as NumPy, no eager cast op per metric.
+            return [np.asarray(logs[k], d) for k, d in zip(keys, np_dtypes)]
 
         out = tf.py_function(submit, [flat[i] for i in present], Tout=dtypes)
         for t, s in zip(out, shapes):

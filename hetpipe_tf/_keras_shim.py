@@ -303,3 +303,29 @@ def call_concrete_flat(concrete: Any, flat: list) -> Any:
     structured outputs as `concrete(*args)`)."""
     # Reason: the flat call is private (`_call_flat`), the public one rebinds every time.
     return concrete._call_flat(flat, concrete.captured_inputs)
+
+
+def watch_flat(tape: tf.GradientTape, tensors: list) -> None:
+    """`tape.watch` for a flat list of float eager tensors (no variables)."""
+    # Reason: GradientTape.watch flattens and type-checks each tensor in Python, a share of
+    # a non-last stage's forward task the size of its compiled call for small layers.
+    from tensorflow.python.eager import tape as tape_lib
+    for t in tensors:
+        tape_lib.watch(tape._tape, t)
+
+
+def gradient_flat(tape: tf.GradientTape, targets: list, sources: list,
+                  output_gradients: list) -> list:
+    """`tape.gradient(targets, sources, output_gradients)` for flat lists of eager tensors
+    (no variables, no composite tensors): a gradient per source, None where unconnected.
+    Releases the (non-persistent) tape, as `gradient` does."""
+    # Reason: GradientTape.gradient spends most of a non-last stage's backward task in
+    # Python (nest.map_structure and typing-protocol checks per tensor, about 40% of stage
+    # 0's Python time for small layers); the C++ tape gradient underneath is the same.
+    from tensorflow.python.eager import imperative_grad
+    if tape._recording:
+        raise RuntimeError("gradient_flat needs a tape that stopped recording.")
+    grads = imperative_grad.imperative_grad(tape._tape, targets, sources,
+                                            output_gradients=output_gradients)
+    tape._tape = None
+    return grads

@@ -4,8 +4,10 @@ The stage's forward is a `tf.function` that takes the weight version as TENSORS 
 of w_local, see `weights.py`) and the stage's input tensors, and calls the stage's Keras
 layers inside a `keras.StatelessScope` mapping each stage variable to its version. Non-last
 stages call it under an eager `tf.GradientTape` that is kept until the backward task; the
-backward is `tape.gradient(...)` with the next stage's output gradients (no recomputation:
-the tape holds the compiled function's intermediates). The last stage runs forward, loss and
+backward is the tape's gradient with the next stage's output gradients (no recomputation:
+the tape holds the compiled function's intermediates; watched and differentiated through
+`_keras_shim.watch_flat` / `gradient_flat`, the tape's own C++ path without
+`GradientTape`'s per-tensor Python). The last stage runs forward, loss and
 backward as one compiled task. Every call happens on the stage's own thread under
 `tf.device(stage device)` so forward and backward ops run on that device.
 
@@ -160,8 +162,8 @@ class Stage:
             fin = [x for x, m in zip(inputs, mask) if m]
             tape = tf.GradientTape(watch_accessed_variables=False)
             with tape:
-                tape.watch(tvals)
-                tape.watch(fin)
+                _keras_shim.watch_flat(tape, tvals)
+                _keras_shim.watch_flat(tape, fin)
                 outputs, extra, deltas, new_s = self._forward_fn(
                     tvals, list(vvals), self._read_sequential(), inputs)
             self._write_sequential(new_s)
@@ -181,9 +183,10 @@ class Stage:
             if self._one is None:   # made once: an eager op per backward showed in profiles
                 self._one = tf.ones((), saved.extra.dtype)
             ograds.append(self._one)
-            wg, ig = saved.tape.gradient(targets, [saved.tvals, saved.float_inputs],
-                                         output_gradients=ograds)
-            in_grads = self._spread(saved.mask, ig)
+            k = len(saved.tvals)
+            grads = _keras_shim.gradient_flat(saved.tape, targets,
+                                              [*saved.tvals, *saved.float_inputs], ograds)
+            wg, in_grads = grads[:k], self._spread(saved.mask, grads[k:])
         self._emulate(t0)
         return wg, in_grads
 

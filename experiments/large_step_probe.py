@@ -14,7 +14,8 @@ Three probes, each printed with its setting (docs/performance.md "What bounds th
    busy share, and the gaps between tasks by the kinds around them).
 3. Six Dense(512) layers alone, one thread: one compiled step (forward, backward, SGD)
    against the same work as a non-last stage does it (forward under an eager tape around
-   its compiled call, `tape.gradient`, a separate update call).
+   its compiled call, the tape's gradient through `_keras_shim.gradient_flat`, a separate
+   update call; both calls through `compiled_method`).
 4. An SGD step over 13 x 512x512 variables written in place or by value, with the
    previous version released or alive (the copy-on-write copy that writing by value
    avoids; `_keras_shim.write_by_value`).
@@ -116,6 +117,8 @@ def _probe_trace(keras, devices, ds) -> None:
 
 
 def _probe_split(tf, keras) -> None:
+    from hetpipe_tf import _keras_shim as keras_shim
+    from hetpipe_tf.pipeline.compiled import compiled_method
     print("[3] 6 x Dense(512), batch 256, alone: fused step vs the stage's split calls")
     layers = [keras.layers.Dense(512, activation="relu") for _ in range(6)]
     x = tf.random.normal((256, 512))
@@ -136,13 +139,24 @@ def _probe_split(tf, keras) -> None:
             out = forward(x)
         opt.apply_gradients(zip(tape.gradient(out, variables, output_gradients=g), variables))
 
-    compiled_forward = tf.function(forward)
-    update = tf.function(lambda grads: opt.apply_gradients(zip(grads, variables)))
+    class Calls:   # compiled as a stage compiles its calls (pipeline/compiled.py)
+        def forward(self, h):
+            return forward(tf.stop_gradient(h))
 
-    def split():
-        with tf.GradientTape() as tape:
+        def update(self, grads):
+            opt.apply_gradients(zip(grads, variables))
+    calls = Calls()
+    tf_variables = [keras_shim.variable_handle(v) for v in variables]
+    handles = [v.handle for v in tf_variables]   # what the tape differentiates
+    compiled_forward = compiled_method(calls.forward)
+    update = compiled_method(calls.update)
+
+    def split():   # as Stage.forward / Stage.backward run it
+        tape = tf.GradientTape(watch_accessed_variables=False)
+        with tape:
+            tape.watch(tf_variables)
             out = compiled_forward(x)
-        update(tape.gradient(out, variables, output_gradients=g))
+        update(keras_shim.gradient_flat(tape, [out], handles, [g]))
 
     for name, fn in (("one compiled step", fused), ("tape forward + backward + update", split)):
         fn()

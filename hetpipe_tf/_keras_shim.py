@@ -325,6 +325,8 @@ def gradient_flat(tape: tf.GradientTape, targets: list, sources: list,
     from tensorflow.python.eager import imperative_grad
     if tape._recording:
         raise RuntimeError("gradient_flat needs a tape that stopped recording.")
+    if tape._tape is None:
+        raise RuntimeError("This tape's gradient was taken already (it is not persistent).")
     grads = imperative_grad.imperative_grad(tape._tape, targets, sources,
                                             output_gradients=output_gradients)
     tape._tape = None

@@ -305,10 +305,19 @@ def call_concrete_flat(concrete: Any, flat: list) -> Any:
     return concrete._call_flat(flat, concrete.captured_inputs)
 
 
+def _all_eager_tensors(tensors: list) -> bool:
+    from tensorflow.python.framework import ops
+    return all(type(t) is ops.EagerTensor for t in tensors)
+
+
 def watch_flat(tape: tf.GradientTape, tensors: list) -> None:
-    """`tape.watch` for a flat list of float eager tensors (no variables)."""
+    """`tape.watch(tensors)` for a flat list, without its per-tensor Python for eager
+    tensors (anything else, e.g. a variable or a composite tensor, goes to `tape.watch`)."""
     # Reason: GradientTape.watch flattens and type-checks each tensor in Python, a share of
     # a non-last stage's forward task the size of its compiled call for small layers.
+    if not _all_eager_tensors(tensors):
+        tape.watch(tensors)
+        return
     from tensorflow.python.eager import tape as tape_lib
     for t in tensors:
         tape_lib.watch(tape._tape, t)
@@ -316,17 +325,24 @@ def watch_flat(tape: tf.GradientTape, tensors: list) -> None:
 
 def gradient_flat(tape: tf.GradientTape, targets: list, sources: list,
                   output_gradients: list) -> list:
-    """`tape.gradient(targets, sources, output_gradients)` for flat lists of eager tensors
-    (no variables, no composite tensors): a gradient per source, None where unconnected.
-    Releases the (non-persistent) tape, as `gradient` does."""
+    """`tape.gradient(targets, sources, output_gradients)` for flat lists and a
+    non-persistent tape: a gradient per source, None where unconnected; releases the tape,
+    as `gradient` does. Eager tensors take the tape's C++ path directly; anything else
+    (variables, composite tensors) goes to `tape.gradient`."""
     # Reason: GradientTape.gradient spends most of a non-last stage's backward task in
     # Python (nest.map_structure and typing-protocol checks per tensor, about 40% of stage
     # 0's Python time for small layers); the C++ tape gradient underneath is the same.
     from tensorflow.python.eager import imperative_grad
+    if tape._persistent:
+        raise ValueError("gradient_flat takes a non-persistent tape (its gradient releases "
+                         "the tape). Received: a persistent GradientTape.")
     if tape._recording:
         raise RuntimeError("gradient_flat needs a tape that stopped recording.")
     if tape._tape is None:
         raise RuntimeError("This tape's gradient was taken already (it is not persistent).")
+    if not (_all_eager_tensors(targets) and _all_eager_tensors(sources)
+            and _all_eager_tensors(output_gradients)):
+        return tape.gradient(targets, sources, output_gradients=output_gradients)
     grads = imperative_grad.imperative_grad(tape._tape, targets, sources,
                                             output_gradients=output_gradients)
     tape._tape = None

@@ -14,11 +14,14 @@ The wrapper keys the arguments itself (containers, tensor dtypes and shapes, Pyt
 scalars) and calls the `ConcreteFunction` that `tf.function` traced for that key on the
 arguments' tensors in `tf.nest` order (checked against the concrete function's own binding
 when the key is first seen; binding on every call cost about another 0.1 ms). A new key
-goes through `tf.function` (tracing, retracing warnings) first. Only eager calls
-outside a distribution strategy's scope take the short way: there `tf.function` keys on the
-arguments alone (in a graph or a strategy's scope it keys on more, e.g. the device).
-Arguments the wrapper cannot key (other than tensors, None, Python scalars, strings and
-lists, tuples and dicts of these) go through `tf.function` too.
+goes through `tf.function` (tracing, retracing warnings) first. Only eager,
+positional calls outside a distribution strategy's scope take the short way: there
+`tf.function` keys on the arguments alone (in a graph or a strategy's scope it keys on
+more, e.g. the device). Everything else goes through `tf.function` as before: keyword
+arguments, `tf.config.run_functions_eagerly(True)`, arguments the wrapper cannot key
+(other than tensors, None, Python scalars and strings of exactly those types, and lists,
+tuples and dicts of these), a key whose binding is not the flat one, and new keys past 64
+(shapes that `reduce_retracing` folds into one trace).
 """
 
 from __future__ import annotations
@@ -31,17 +34,20 @@ import tensorflow as tf
 from hetpipe_tf import _keras_shim as keras_shim
 
 _UNKEYED = object()   # an argument the wrapper does not key: call tf.function
+_BY_FUNCTION = object()   # a key whose calls go through tf.function (see __call__)
+_SCALARS = (type(None), bool, int, float, str)   # exact types: tf.function keys these by value
+_MAX_KEYS = 64   # more argument keys than this (shapes under reduce_retracing): tf.function
 
 
 def _key(x) -> Any:
     if isinstance(x, tf.Tensor) and not isinstance(x, tf.Variable):
         return (x.dtype, tuple(x.shape))
-    if x is None or isinstance(x, (bool, int, float, str)):
+    if type(x) in _SCALARS:   # not subclasses: tf.function takes a NumPy float as a tensor
         return (type(x), x)
-    if isinstance(x, (list, tuple)):
+    if type(x) in (list, tuple):
         parts = tuple(_key(e) for e in x)
         return _UNKEYED if _UNKEYED in parts else (type(x), parts)
-    if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+    if type(x) is dict and all(type(k) is str for k in x):
         parts = tuple((k, _key(x[k])) for k in sorted(x))
         return _UNKEYED if any(p[1] is _UNKEYED for p in parts) else (dict, parts)
     return _UNKEYED
@@ -50,34 +56,46 @@ def _key(x) -> Any:
 class CompiledMethod:
     """A `tf.function` called through a concrete function per argument key."""
 
-    def __init__(self, function):
+    def __init__(self, function, name: str):
         self.function = function
-        # key -> (concrete function, flat call: True if binding the arguments is the same
-        # as flattening them, checked when the key is first seen)
+        self._name = name   # the profiler's annotation, as tf.function's own calls have
+        # key -> the concrete function, called on the flat tensors; or _BY_FUNCTION where
+        # that is not the concrete function's own binding of the arguments.
         self._concrete: dict = {}
 
-    def __call__(self, *args):
-        if not tf.executing_eagerly() or tf.distribute.has_strategy():
-            return self.function(*args)
+    def __call__(self, *args, **kwargs):
+        if (kwargs or not tf.executing_eagerly() or tf.config.functions_run_eagerly()
+                or tf.distribute.has_strategy()):
+            return self.function(*args, **kwargs)
         key = _key(args)
         if key is _UNKEYED:
             return self.function(*args)
-        found = self._concrete.get(key)
-        if found is None:
+        concrete = self._concrete.get(key)
+        if concrete is None:
             out = self.function(*args)   # traces (and warns about retracing) here
+            if len(self._concrete) < _MAX_KEYS:
+                self._concrete[key] = self._flat_callable(args)
+            return out
+        if concrete is _BY_FUNCTION:
+            return self.function(*args)
+        with tf.profiler.experimental.Trace(self._name, tf_function_call="concrete"):
+            return keras_shim.call_concrete_flat(concrete, _tensors(args))
+
+    def _flat_callable(self, args: tuple):
+        """The concrete function for `args` if it binds them as `_tensors` flattens them,
+        else _BY_FUNCTION (also if finding out fails: the call itself already ran)."""
+        try:
             concrete = self.function.get_concrete_function(*args)
             bound = keras_shim.concrete_flat_inputs(concrete, args)
-            flat = _tensors(args)
-            self._concrete[key] = (concrete, len(bound) == len(flat)
-                                   and all(a is b for a, b in zip(bound, flat)))
-            return out
-        concrete, flat_call = found
-        if flat_call:
-            return keras_shim.call_concrete_flat(concrete, _tensors(args))
-        return concrete(*args)
+        except Exception:  # noqa: BLE001 - only the short way is lost
+            return _BY_FUNCTION
+        flat = _tensors(args)
+        if len(bound) == len(flat) and all(a is b for a, b in zip(bound, flat)):
+            return concrete
+        return _BY_FUNCTION
 
-    def get_concrete_function(self, *args):
-        return self.function.get_concrete_function(*args)
+    def get_concrete_function(self, *args, **kwargs):
+        return self.function.get_concrete_function(*args, **kwargs)
 
 
 def _tensors(args: tuple) -> list:
@@ -88,4 +106,4 @@ def _tensors(args: tuple) -> list:
 def compiled_method(method: Callable[..., Any], **kwargs: Any) -> CompiledMethod:
     """`tf.function(method, **kwargs)` for a bound method, tracked per object."""
     return CompiledMethod(tf.function(functools.partial(method.__func__, method.__self__),
-                                      **kwargs))
+                                      **kwargs), method.__qualname__)

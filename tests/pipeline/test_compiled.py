@@ -3,6 +3,7 @@ warning (it counts per code object), while one object that really retraces still
 
 import logging
 
+import numpy as np
 import tensorflow as tf
 
 from hetpipe_tf.pipeline.compiled import compiled_method
@@ -68,7 +69,8 @@ def test_concrete_dispatch_equals_tf_function_and_traces_once_per_key():
     # relax that one into a trace of its own or not): repeats reuse their concrete function.
     assert holder.traces <= 4
     assert len(holder.fn._concrete) == 4
-    assert all(flat for _, flat in holder.fn._concrete.values())
+    assert all(isinstance(c, tf.types.experimental.ConcreteFunction)   # flat calls
+               for c in holder.fn._concrete.values())
 
 
 def test_concrete_dispatch_records_gradients_under_a_tape():
@@ -95,3 +97,36 @@ def test_unkeyed_arguments_and_graph_calls_go_through_tf_function():
         return holder.fn(tvals, extra, scale, named)[0][1]
     assert float(outer()) == 3 * (0 + 1 + 2) * 2.0 + 3 * 0.5
     assert not holder.fn._concrete   # neither call took the concrete path
+
+
+class _Counter:
+    def __init__(self):
+        self.v = tf.Variable(0.0)
+        self.eager_calls = []
+        self.fn = compiled_method(self._impl)
+
+    def _impl(self, d, scale=1.0):
+        self.eager_calls.append(tf.executing_eagerly())
+        self.v.assign_add(d * scale)
+        return self.v.read_value()
+
+
+def test_calls_the_short_way_cannot_key_run_as_tf_function_runs_them():
+    c = _Counter()
+    d = tf.constant(1.0)
+    for _ in range(3):   # a defaulted parameter left out: each call adds exactly once
+        c.fn(d)
+    assert float(c.v.numpy()) == 3.0
+    assert float(c.fn(d, scale=2.0)) == 5.0          # keyword arguments
+    for value in (0.5, 0.25):                          # a NumPy scalar is a tensor to
+        c.fn(d, np.float32(value))                     # tf.function, not a Python float
+    assert float(c.v.numpy()) == 5.75
+    c.eager_calls.clear()
+    tf.config.run_functions_eagerly(True)
+    try:
+        for _ in range(2):
+            c.fn(d, 1.0)
+    finally:
+        tf.config.run_functions_eagerly(False)
+    assert c.eager_calls == [True, True]               # the body ran eagerly each time
+    assert float(c.v.numpy()) == 7.75

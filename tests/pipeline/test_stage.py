@@ -63,3 +63,18 @@ def test_flat_gradient_keeps_the_tapes_rules():
     np.testing.assert_allclose(grads[0].numpy(), 2 * values[0].numpy(), rtol=1e-6)
     with pytest.raises(RuntimeError, match="taken already"):
         _keras_shim.gradient_flat(tape, [extra], values, [tf.ones(())])
+
+
+def test_flat_path_hands_other_values_to_the_tape_and_refuses_a_persistent_one():
+    v = tf.Variable([1.0, 2.0])
+    tape = tf.GradientTape(watch_accessed_variables=False)
+    with tape:
+        _keras_shim.watch_flat(tape, [v])               # a variable: tape.watch's way
+        y = tf.reduce_sum(v * v)
+    (g,) = _keras_shim.gradient_flat(tape, [y], [v], [tf.ones(())])
+    np.testing.assert_array_equal(g.numpy(), [2.0, 4.0])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(v)
+        y = tf.reduce_sum(v)
+    with pytest.raises(ValueError, match="non-persistent"):
+        _keras_shim.gradient_flat(tape, [y], [v], [tf.ones(())])

@@ -76,6 +76,21 @@ def _same_compile(a: tuple, b: tuple) -> bool:
             and all(x is y for x, y in zip(a[3], b[3])))
 
 
+def _changed_without_compile(model, compiled: tuple) -> str:
+    now = _compiled_state(model)
+    what = [name for name, a, b in zip(("optimizer", "loss", "metrics"), compiled, now)
+            if a is not b]
+    if len(compiled[3]) != len(now[3]) or any(a is not b for a, b in zip(compiled[3], now[3])):
+        what.append(f"trainable variables ({len(compiled[3])} at compile(), {len(now[3])} "
+                    "now)")
+    return (f"Model {model.name!r} changed since compile() and Keras is tracing its train "
+            "step again (e.g. this fit adds sample weights or changes the inputs' structure); "
+            "the pipeline cannot be rebuilt inside that trace. Received: changed "
+            f"{', '.join(what)}. Call model.compile() again in strategy.scope() after "
+            "changing a layer's `trainable` (Keras asks for this too: without it, its "
+            "existing train step keeps the old setting).")
+
+
 class HetPipeStrategy(tf.distribute.Strategy):
     """HetPipe under Keras `model.fit`: pipelined virtual workers, WSP between them.
 
@@ -232,6 +247,9 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                                    else None)
         self.pipelines: dict[int, _Training] = {}
         self._traced: dict[int, InGraphRuntime | None] = {}   # per model, at its last trace
+        # Per model: is its Keras train function being called after its first call (so a
+        # trace now is a retrace, which tf.function lets create no variables)?
+        self._called_before: dict[int, bool] = {}
         self._lock = threading.RLock()
         self._runtime_threads: set[int] = set()
         self._local_placement = threading.local()
@@ -379,6 +397,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         with self._lock:
             t = self.pipelines.get(id(model))
             if t is not None and not _same_compile(t.compiled, _compiled_state(model)):
+                if self._called_before.get(id(model)):
+                    raise ValueError(_changed_without_compile(model, t.compiled))
                 # compile() was called again: rebuild on the new optimizer, loss, metrics and
                 # trainable flags. The old runtime is drained, so the model holds its state.
                 with tf.init_scope():
@@ -541,6 +561,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 if rt is not None:
                     rt.begin_call()
                 t0 = time.perf_counter()
+                extended._called_before[id(model)] = bool(bound)
                 try:
                     out = fn(iterator)
                 finally:

@@ -196,3 +196,33 @@ def test_mixed_float16_is_refused_and_points_to_bfloat16():
         assert "mixed_bfloat16" in str(err)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("k", [1, 2])   # one stage in Keras' step; two stages threaded
+def test_trainable_changed_without_compile_then_a_retrace(k):
+    """Without compile() Keras keeps its traced step, old trainable flags included: so does
+    the strategy (equal to plain Keras). A fit that makes Keras trace again (sample weights
+    added) would have to build a new pipeline inside that retrace, where tf.function lets
+    create no variables: refused by name, nothing trained, and compile() trains on."""
+    x, y = regression_data(32)
+    strategy = HetPipeStrategy(plan=lambda m: even_plan(m, DEVICES[:k], n_m=1))
+    plain = skip_model(0)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    plain.compile(keras.optimizers.SGD(0.05), "mse")
+    for m in (model, plain):
+        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        m.layers[1].trainable = False
+        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)   # same trace
+    assert_weights_close(model.get_weights(), plain.get_weights())
+    err = _fit_raises(model, "changed since compile", x, y,
+                      sample_weight=np.linspace(0.5, 1.5, len(x)))
+    assert "trainable variables" in str(err) and "compile()" in str(err)
+    with strategy.scope():
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    frozen = model.layers[1].get_weights()
+    model.fit(x, y, sample_weight=np.linspace(0.5, 1.5, len(x)), batch_size=8, epochs=1,
+              verbose=0)
+    assert_weights_close(model.layers[1].get_weights(), frozen, atol=0)
+    strategy.close()

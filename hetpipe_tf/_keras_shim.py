@@ -1,7 +1,11 @@
-"""The one place that reads private Keras internals (Keras 3.15, tf.keras in TF 2.21).
+"""The one place that reads private Keras and TensorFlow internals (Keras 3.15, TF 2.21).
 
-Every function here wraps one private use, with a one-line reason. If a Keras upgrade
-breaks the partitioner or the strategy, look here first.
+Every function here wraps one private use, with a one-line reason. If a Keras or
+TensorFlow upgrade breaks the partitioner, the strategy or the stages' calls, look here
+first. The TensorFlow ones (the end of this file) are the pipeline's hot path: a concrete
+function's flat call (`pipeline/compiled.py`) and the eager tape's C++ watch and gradient
+(`pipeline/stage.py`), each a measured cut of Python per minibatch (docs/performance.md,
+"Session 6").
 
 Keras 3 exposes a Functional model's layers (`model.layers`, `model.operations`) but
 not its call graph: which call of which layer consumed which tensor, with which other

@@ -7,7 +7,9 @@ CPU devices with one intra-op thread, as in `benchmarks.overhead_benchmark --par
 Three probes, each printed with its setting (docs/performance.md "What bounds the goals"):
 
 1. CPU against wall time per minibatch (`time.process_time()` around --steps-minibatch
-   fits, best of 3): plain Keras fit and the 6+7 pipeline at N_m = 2 and 4. A compiled
+   fits, best of 3): plain Keras fit and the 6+7 pipeline at N_m = 2 and 4, and the CPU
+   of the busiest threads (`/proc/self/task/*/stat`: TensorFlow's `tf_Compute` op
+   threads, the stage threads' Python, Keras' own thread). A compiled
    step keeps more than one core busy through inter-op parallelism; the pipeline's extra
    CPU is work the ceiling's two plain steps do not do.
 2. Stage 0's tasks from the runtime's trace at N_m = 2 (median forward, backward, update,
@@ -46,16 +48,45 @@ def _setup():
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
-def _cpu_and_wall(model, ds) -> tuple[float, float]:
+def _thread_cpu() -> collections.Counter:
+    """CPU seconds so far of this process's threads, by name: the Python thread's name
+    where there is one, else the kernel's (TensorFlow's op threads are `tf_Compute`)."""
+    import threading
+    names = {str(t.native_id): t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = collections.Counter()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:   # the thread ended meanwhile
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[names.get(tid, comm)] += (int(fields[11]) + int(fields[12])) / tick  # utime+stime
+    return out
+
+
+def _cpu_and_wall(model, ds) -> tuple[float, float, collections.Counter]:
+    """(wall ms, process CPU ms, CPU ms by thread name) per minibatch of the fastest of 3
+    fits."""
     model.fit(ds, epochs=1, steps_per_epoch=10, verbose=0)
     best = None
     for _ in range(3):
-        w0, c0 = time.perf_counter(), time.process_time()
+        w0, c0, t0 = time.perf_counter(), time.process_time(), _thread_cpu()
         model.fit(ds, epochs=1, steps_per_epoch=_STEPS.value, verbose=0)
+        per = _thread_cpu()
+        per.subtract(t0)
         got = ((time.perf_counter() - w0) / _STEPS.value * 1e3,
-               (time.process_time() - c0) / _STEPS.value * 1e3)
+               (time.process_time() - c0) / _STEPS.value * 1e3,
+               collections.Counter({k: v / _STEPS.value * 1e3 for k, v in per.items() if v}))
         best = got if best is None or got[0] < best[0] else best
     return best
+
+
+def _print_threads(per: collections.Counter) -> None:
+    top = ", ".join(f"{name} {ms:.2f}" for name, ms in per.most_common(4))
+    print(f"      by thread (CPU ms per minibatch): {top}")
 
 
 def _pipelined(keras, devices, n_m):
@@ -76,12 +107,14 @@ def _probe_cpu(tf, keras, np, devices, ds) -> None:
     with tf.device(devices[0]):
         plain = dense_stack(keras, "plain", 12, 512)
         plain.compile(keras.optimizers.SGD(1e-3), "sparse_categorical_crossentropy")
-    wall, cpu = _cpu_and_wall(plain, ds)
+    wall, cpu, per = _cpu_and_wall(plain, ds)
     print(f"  plain Keras fit   wall {wall:6.2f}  cpu {cpu:6.2f}")
+    _print_threads(per)
     for n_m in (2, 4):
         strategy, model = _pipelined(keras, devices, n_m)
-        wall, cpu = _cpu_and_wall(model, ds)
+        wall, cpu, per = _cpu_and_wall(model, ds)
         print(f"  6+7, N_m={n_m}        wall {wall:6.2f}  cpu {cpu:6.2f}")
+        _print_threads(per)
         strategy.close()
 
 

@@ -11,9 +11,10 @@ Dispatch: `tf.function.__call__` spends about 0.13 ms of Python per call buildin
 arguments' trace types before it finds its concrete function (docs/performance.md, "Session
 6"); a stage makes two to three such calls per minibatch on the pipeline's critical path.
 The wrapper keys the arguments itself (containers, tensor dtypes and shapes, Python
-scalars) and calls the `ConcreteFunction` that `tf.function` traced for that key on the
-arguments' tensors in `tf.nest` order (checked against the concrete function's own binding
-when the key is first seen; binding on every call cost about another 0.1 ms). A new key
+scalars; one walk that also collects the tensors) and calls the `ConcreteFunction` that
+`tf.function` traced for that key on the arguments' tensors in `tf.nest` order (checked
+against the concrete function's own binding when the key is first seen; binding on every
+call cost about another 0.1 ms). A new key
 goes through `tf.function` (tracing, retracing warnings) first. Only eager,
 positional calls outside a distribution strategy's scope take the short way: there
 `tf.function` keys on the arguments alone (in a graph or a strategy's scope it keys on
@@ -39,16 +40,19 @@ _SCALARS = (type(None), bool, int, float, str)   # exact types: tf.function keys
 _MAX_KEYS = 64   # more argument keys than this (shapes under reduce_retracing): tf.function
 
 
-def _key(x) -> Any:
+def _key(x, tensors: list) -> Any:
+    """`x`'s key; its tensors are appended to `tensors` in `tf.nest` order (dict keys
+    sorted), so one walk gives both."""
     if isinstance(x, tf.Tensor) and not isinstance(x, tf.Variable):
+        tensors.append(x)
         return (x.dtype, tuple(x.shape))
     if type(x) in _SCALARS:   # not subclasses: tf.function takes a NumPy float as a tensor
         return (type(x), x)
     if type(x) in (list, tuple):
-        parts = tuple(_key(e) for e in x)
+        parts = tuple(_key(e, tensors) for e in x)
         return _UNKEYED if _UNKEYED in parts else (type(x), parts)
     if type(x) is dict and all(type(k) is str for k in x):
-        parts = tuple((k, _key(x[k])) for k in sorted(x))
+        parts = tuple((k, _key(x[k], tensors)) for k in sorted(x))
         return _UNKEYED if any(p[1] is _UNKEYED for p in parts) else (dict, parts)
     return _UNKEYED
 
@@ -67,40 +71,36 @@ class CompiledMethod:
         if (kwargs or not tf.executing_eagerly() or tf.config.functions_run_eagerly()
                 or tf.distribute.has_strategy()):
             return self.function(*args, **kwargs)
-        key = _key(args)
+        flat: list = []
+        key = _key(args, flat)
         if key is _UNKEYED:
             return self.function(*args)
         concrete = self._concrete.get(key)
         if concrete is None:
             out = self.function(*args)   # traces (and warns about retracing) here
             if len(self._concrete) < _MAX_KEYS:
-                self._concrete[key] = self._flat_callable(args)
+                self._concrete[key] = self._flat_callable(args, flat)
             return out
         if concrete is _BY_FUNCTION:
             return self.function(*args)
         with tf.profiler.experimental.Trace(self._name, tf_function_call="concrete"):
-            return keras_shim.call_concrete_flat(concrete, _tensors(args))
+            return keras_shim.call_concrete_flat(concrete, flat)
 
-    def _flat_callable(self, args: tuple):
-        """The concrete function for `args` if it binds them as `_tensors` flattens them,
-        else _BY_FUNCTION (also if finding out fails: the call itself already ran)."""
+    def _flat_callable(self, args: tuple, flat: list):
+        """The concrete function for `args` if it binds them as the tensors `flat` (what
+        `_key` collected), else _BY_FUNCTION (also if finding out fails: the call itself
+        already ran)."""
         try:
             concrete = self.function.get_concrete_function(*args)
             bound = keras_shim.concrete_flat_inputs(concrete, args)
         except Exception:  # noqa: BLE001 - only the short way is lost
             return _BY_FUNCTION
-        flat = _tensors(args)
         if len(bound) == len(flat) and all(a is b for a, b in zip(bound, flat)):
             return concrete
         return _BY_FUNCTION
 
     def get_concrete_function(self, *args, **kwargs):
         return self.function.get_concrete_function(*args, **kwargs)
-
-
-def _tensors(args: tuple) -> list:
-    """The tensors of keyed `args` in `tf.nest` order (what a concrete function takes)."""
-    return [x for x in tf.nest.flatten(args) if isinstance(x, tf.Tensor)]
 
 
 def compiled_method(method: Callable[..., Any], **kwargs: Any) -> CompiledMethod:

@@ -71,16 +71,19 @@ def _compiled_state(model) -> tuple:
             tuple(model.trainable_variables))
 
 
+def _same_objects(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
 def _same_compile(a: tuple, b: tuple) -> bool:
-    return (all(x is y for x, y in zip(a[:3], b[:3])) and len(a[3]) == len(b[3])
-            and all(x is y for x, y in zip(a[3], b[3])))
+    return _same_objects(a[:3], b[:3]) and _same_objects(a[3], b[3])
 
 
 def _changed_without_compile(model, compiled: tuple) -> str:
     now = _compiled_state(model)
     what = [name for name, a, b in zip(("optimizer", "loss", "metrics"), compiled, now)
             if a is not b]
-    if len(compiled[3]) != len(now[3]) or any(a is not b for a, b in zip(compiled[3], now[3])):
+    if not _same_objects(compiled[3], now[3]):
         what.append(f"trainable variables ({len(compiled[3])} at compile(), {len(now[3])} "
                     "now)")
     return (f"Model {model.name!r} changed since compile() and Keras is tracing its train "

@@ -1,0 +1,155 @@
+"""Building the executor that trains one model, and what the strategy keeps for it.
+
+At a model's first traced train step the strategy plans it (when no plan was given) and
+builds its executor here: an `InGraphRuntime` (one stage at N_m = 1, ops of Keras' own step),
+a `PipelineRuntime` (one pipelined virtual worker) or a `Coordinator` of several virtual
+workers through the parameter servers (hetpipe_tf/strategy/virtual_workers.py). Per model
+the strategy keeps a `Training`: the executor and what it was built from. A new `compile()`
+(optimizer, loss, metrics, trainable flags) rebuilds it at the next fit, carrying the
+weights. The model's `get_metrics_result` is replaced by one that drains first, so epoch-end
+logs, validation and callbacks see every minibatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+from hetpipe_tf import _keras_shim
+from hetpipe_tf.partitioner.plan import Plan
+from hetpipe_tf.pipeline.in_graph import InGraphRuntime, runs_in_graph
+from hetpipe_tf.pipeline.program import Program
+from hetpipe_tf.pipeline.runtime import PipelineRuntime
+from hetpipe_tf.pipeline.stage import Stage
+from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
+from hetpipe_tf.strategy import training_state
+from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
+                                            check_plans)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Training:
+    """What the strategy keeps for one model: its executor and what it was built from."""
+
+    executor: Any    # PipelineRuntime / InGraphRuntime (one VW), Coordinator (several)
+    program: Program
+    compiled: tuple          # (optimizer, loss, metrics, trainable variables) at build
+    batch_size: int
+    metrics_result: Callable  # the model class's own get_metrics_result, bound
+
+
+def compiled_state(model) -> tuple:
+    return (model.optimizer, _keras_shim.compile_loss(model), _keras_shim.compile_metrics(model),
+            tuple(model.trainable_variables))
+
+
+def same_objects(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def same_compile(a: tuple, b: tuple) -> bool:
+    return same_objects(a[:3], b[:3]) and same_objects(a[3], b[3])
+
+
+def changed_without_compile(model, compiled: tuple) -> str:
+    now = compiled_state(model)
+    what = [name for name, a, b in zip(("optimizer", "loss", "metrics"), compiled, now)
+            if a is not b]
+    if not same_objects(compiled[3], now[3]):
+        what.append(f"trainable variables ({len(compiled[3])} at compile(), {len(now[3])} "
+                    "now)")
+    return (f"Model {model.name!r} changed since compile() and Keras is tracing its train "
+            "step again (e.g. this fit adds sample weights or changes the inputs' structure); "
+            "the pipeline cannot be rebuilt inside that trace. Received: changed "
+            f"{', '.join(what)}. Call model.compile() again in strategy.scope() after "
+            "changing a layer's `trainable` (Keras asks for this too: without it, its "
+            "existing train step keeps the old setting).")
+
+
+def build_training(extended, model, data) -> Training:
+    """Plan (at the first fit) and build `model`'s executor for the batch `data`: an
+    `InGraphRuntime` or `PipelineRuntime` for one virtual worker, a `Coordinator` for several;
+    installs the draining `get_metrics_result` on the model."""
+    strategy = extended._container_strategy()
+    check_model(model, strategy)
+    batch_size = check_batch(data)
+    if not extended.plans:
+        with tf.init_scope():  # we are inside Keras' train-function trace: plan eagerly
+            if extended._plan_fn is not None:
+                got = extended._plan_fn(model)
+                extended.plans = (got,) if isinstance(got, Plan) else check_plans(got)
+            else:
+                extended.plans = extended._make_plans(model, batch_size)
+        if extended.n_m is None:
+            extended.n_m = min(p.n_m for p in extended.plans)
+        for p in extended.plans:
+            check_n_m(extended.n_m, extended.max_m, p)
+        if len(extended.plans) == 1:
+            extended.plan = extended.plans[0]
+    program = Program.from_model(model)
+    for p in extended.plans:
+        check_plan(p, program, model, batch_size)
+    training_state.check_optimizer(model.optimizer,
+                                   max(p.num_stages for p in extended.plans))
+    extended.guard_model(model)   # before the build: its slots go to the host
+    with tf.init_scope():
+        training_state.build_canonical(model)
+    # The class's own method: an earlier build may have replaced the instance's.
+    original = type(model).get_metrics_result.__get__(model)
+
+    @tf.function(reduce_retracing=True)
+    def update_metrics(loss, y, y_pred, sample_weight):
+        batch = tf.shape(keras.tree.flatten(y_pred)[0])[0]
+        _keras_shim.loss_tracker(model).update_state(loss, sample_weight=batch)
+        cm = _keras_shim.compile_metrics(model)
+        if cm is not None:
+            cm.update_state(y, y_pred, sample_weight)
+        return original()
+
+    if len(extended.plans) == 1:
+        stages = Stage.for_plan(extended.plans[0], program, model)
+        states = training_state.OptimizerStates(model, strategy, 1)
+        with tf.init_scope():
+            own = [s.trainable for s in stages]
+            optimizers = states.for_virtual_worker(own, own)
+        weights = WeightVersions([
+            StageWeights(s.device, s.trainable, s.versioned_nt, o, extended.n_m,
+                         counter=model.optimizer.iterations if s.index == 0 else None,
+                         emulated_speed_factor=s.emulated_speed_factor)
+            for s, o in zip(stages, optimizers)])
+        if extended.in_graph and runs_in_graph(stages, extended.n_m):
+            runtime = InGraphRuntime(stages[0], weights, update_metrics,
+                                     model.optimizer.iterations, plan=extended.plans[0],
+                                     on_run_start=states.seed, on_run_end=states.merge)
+        else:
+            runtime = PipelineRuntime(stages, weights, extended.n_m, update_metrics,
+                                      plan=extended.plans[0], on_run_start=states.seed,
+                                      on_run_end=states.merge)
+    else:
+        from hetpipe_tf.strategy.virtual_workers import build_virtual_workers
+        runtime = build_virtual_workers(
+            model, program, extended.plans, extended.n_m, extended.clock_distance, update_metrics,
+            cluster=extended._cluster_or_none(), placement=extended.placement,
+            ps_hosts=extended.ps_hosts, place_locally=extended.place_locally,
+            fresh_pulls=extended.fresh_pulls, strategy=strategy)
+    extended._runtime_threads.update(runtime.thread_ids)
+
+    def get_metrics_result():
+        # Keras reads the metrics at the end of every epoch (and of evaluate): drain so
+        # they, the validation that follows and epoch-end callbacks see every minibatch.
+        if tf.executing_eagerly() and threading.get_ident() not in extended._runtime_threads:
+            extended.drain()
+        return original()
+
+    object.__setattr__(model, "get_metrics_result", get_metrics_result)
+    for w, p in enumerate(extended.plans):
+        logger.info("HetPipe virtual worker %d of %d for %s:\n%s", w, len(extended.plans),
+                    model.name, p.table())
+    return Training(runtime, program, compiled_state(model), batch_size, original)

@@ -1,0 +1,118 @@
+"""The wrappers the strategy installs on a Keras model compiled in its scope.
+
+`fit`/`evaluate`/`predict`: an exception or interrupt aborts the model's executor (nothing in
+flight is applied after the call raised; the state is the last applied one) and a stage's
+error is re-raised as itself; a fit after `strategy.close()` is refused by name.
+`save`/`save_weights`/`get_weights`/`set_weights` drain first, and `load_weights` drains and
+builds the optimizer first, so the model and its optimizer hold the whole training state
+when read or written (docs/state.md). `make_train_function`: each Keras train function binds
+to the runtime its trace built, so an in-graph runtime opens its run before a call and
+records the call after it.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import tensorflow as tf
+
+from hetpipe_tf.pipeline.runtime import PipelineError
+from hetpipe_tf.strategy import training_state
+from hetpipe_tf.strategy.build import compiled_state, same_compile
+
+
+def guard_model(extended, model) -> None:
+    """Wrap the model's fit/evaluate/predict (abort on an exception), save/save_weights/
+    get_weights/set_weights (drain first) and load_weights (drain, build the optimizer
+    first). Once."""
+    if model.__dict__.get("_hetpipe_guarded"):
+        return
+
+    def guarded(name):
+        original = getattr(model, name)
+
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            t = extended.pipelines.get(id(model))
+            if (name == "fit" and t is not None and t.executor.closed
+                    and same_compile(t.compiled, compiled_state(model))):
+                raise PipelineError(
+                    f"The strategy training {model.name!r} was closed, so it takes no "
+                    "more minibatches. Received: fit() after strategy.close() (or after "
+                    "leaving `with strategy:`); call compile() again in "
+                    "`strategy.scope()` to train on, or keep the strategy open.")
+            try:
+                return original(*args, **kwargs)
+            except BaseException as e:
+                stage_error = extended.abort(model)
+                if stage_error is not None and stage_error is not e:
+                    raise stage_error from e
+                raise
+        return call
+
+    def drained(name):
+        original = getattr(model, name)
+
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            if (tf.executing_eagerly()
+                    and threading.get_ident() not in extended._runtime_threads):
+                extended.drain()
+            return original(*args, **kwargs)
+        return call
+
+    def load_weights(*args, _original=model.load_weights, **kwargs):
+        if (tf.executing_eagerly()
+                and threading.get_ident() not in extended._runtime_threads):
+            # Mid-run (a callback): end the run first, so the loaded weights and
+            # optimizer state seed the next run instead of being merged over.
+            extended.drain()
+        if getattr(model, "optimizer", None) is not None:
+            training_state.build_canonical(model)
+        return _original(*args, **kwargs)
+
+    def make_train_function(*args, _original=model.make_train_function, **kwargs):
+        _original(*args, **kwargs)   # sets model.train_function (returns None)
+        fn = model.train_function
+        if fn is None or getattr(fn, "_hetpipe_calls", False):
+            return fn
+        bound: list = []   # the runtime this Keras function was traced with
+
+        def train_function(iterator):
+            # An in-graph runtime opens its run before a call (refusing when closed)
+            # and records the call after it.
+            rt = bound[0] if bound else None
+            if rt is not None:
+                rt.begin_call()
+            t0 = time.perf_counter()
+            extended._called_before[id(model)] = bool(bound)
+            try:
+                out = fn(iterator)
+            finally:
+                # Bound at the first trace, rebound should a retrace build a new one.
+                if id(model) in extended._traced:
+                    bound[:] = [extended._traced[id(model)]]
+                    rt = bound[0]
+            if rt is not None:
+                rt.end_call(t0, model.steps_per_execution)
+            return out
+
+        train_function._hetpipe_calls = True
+        model.train_function = train_function
+        return train_function
+
+    for name in ("fit", "evaluate", "predict"):
+        object.__setattr__(model, name, guarded(name))
+    object.__setattr__(model, "make_train_function", make_train_function)
+    if model.__dict__.get("train_function") is not None:
+        # Guarded during the first trace (compiled outside the scope): Keras reads
+        # model.train_function before every call, so the wrapper serves from the next.
+        make_train_function()
+    for name in ("save", "save_weights", "get_weights", "set_weights"):
+        object.__setattr__(model, name, drained(name))
+    object.__setattr__(model, "load_weights",
+                       functools.wraps(model.load_weights)(load_weights))
+    object.__setattr__(model, "_hetpipe_guarded", True)
+    extended._guarded.add(model)

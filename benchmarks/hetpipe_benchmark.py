@@ -16,7 +16,8 @@ baseline (tf.distribute.MirroredStrategy over the same devices: the paper's Horo
       --devices=LOCAL_CPU,LOCAL_CPU,LOCAL_CPU,LOCAL_CPU --speed_factors=1,1,0.5,0.5 \
       --allocation=ED --placement=ed_local --staleness=1
 --mode=simulate predicts the same figures for any cluster of the device catalog with the
-discrete-event simulator (hetpipe_tf.sim), beside the simulated all-reduce baseline.
+discrete-event simulator (hetpipe_tf.sim), beside the simulated all-reduce baseline and
+HetSeq (the same global batch split over the GPUs by speed, hetpipe_tf/sim/hetseq.py).
 """
 
 from __future__ import annotations
@@ -273,6 +274,11 @@ def _simulate() -> None:
         n_m=_NM.value or None, clock_distance=_STALENESS.value, num_waves=_WAVES.value,
         batch_size=_BATCH_SIZE.value, compute_scale=_COMPUTE_SCALE.value)
     print(result.table())
+    from hetpipe_tf.sim.hetseq import hetseq
+    # HetSeq on the same GPUs: their global batch (GPUs x --batch_size) split by speed.
+    hs = hetseq(profile, cluster.devices, cluster)
+    print(f"{hs.line()} = {hs.samples_per_s / result.horovod.samples_per_s:.2f}x Horovod, "
+          f"{hs.samples_per_s / result.samples_per_s:.2f}x HetPipe")
     _write_timeline(result.sim.events, result.plans[0],
                     f"{_MODEL.value}, simulated, N_m={result.n_m}, D={_STALENESS.value}")
 

@@ -15,6 +15,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from hetpipe_tf.cluster.catalog import DeviceType, get_device_type, register_device_type
+from hetpipe_tf.cluster.tf_validation import validate_jobs, validate_task
 from hetpipe_tf.cluster.spec import (
     _JOB_ORDER,
     _PS_JOB,
@@ -90,6 +91,13 @@ def cluster_from_tf_config(
     if not isinstance(config, Mapping) or not config.get("cluster"):
         raise _bad("TF_CONFIG has no 'cluster' entry", f"TF_CONFIG={raw!r}",
                    "add 'cluster': {job: [addresses]}")
+    task = config.get("task")
+    if task:
+        jobs = _cluster_spec_as_dict(config["cluster"])
+        if not isinstance(task, Mapping):
+            raise _bad("TF_CONFIG 'task' must be a dict", f"task={task!r}",
+                       "write e.g. {'type': 'worker', 'index': 0}")
+        validate_task(jobs, task.get("type"), task.get("index", 0))
     section = config.get("hetpipe") or {}
     allowed = {"devices", "inter_bandwidth", "intra_bandwidth", "device_types"}
     if not isinstance(section, Mapping) or set(section) - allowed:
@@ -132,7 +140,8 @@ def _cluster_spec_as_dict(cluster_spec: Any) -> dict[str, dict[int, str]]:
         if not isinstance(job, str) or not job:
             raise _bad("Job names must be non-empty strings", f"job={job!r}",
                        "use e.g. 'worker'")
-        jobs[job] = {int(i): str(a) for i, a in entries.items()}
+        jobs[job] = dict(entries.items())
+    validate_jobs(jobs)
     return jobs
 
 

@@ -50,6 +50,25 @@ class Saved:
     mask: list
 
 
+@dataclasses.dataclass
+class RematSaved:
+    """What a non-last stage keeps under re-materialization: enough to recompute."""
+
+    tvals: list
+    vvals: list
+    svals: list
+    inputs: list
+
+
+# Op types that draw from a stateful generator (TF's legacy random ops, tf.random.Generator).
+_STATEFUL_RANDOM = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "RandomShuffle", "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomCrop", "StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt",
+    "StatefulStandardNormal", "StatefulStandardNormalV2", "StatefulTruncatedNormal",
+    "StatefulRandomBinomial", "RngSkip", "RngReadAndSkip"})
+
+
 class Stage:
     def __init__(self, index: int, num_stages: int, program: Program, first: int, last: int,
                  device: str, emulated_speed_factor: float = 1.0, model=None):
@@ -72,6 +91,8 @@ class Stage:
         self._fwd_bwd_fn = compiled_method(self._fwd_bwd_impl, reduce_retracing=True)
         self._fwd_bwd_metrics_fn = None   # built for the first metrics function given
         self._metrics = None
+        self._micro_fn = None      # forward_backward_scaled's, built for its metrics function
+        self._micro_metrics = None
         self.emulated_sleep_s = 0.0  # total time slept for emulation (labelled as such)
         self._one = None   # the extra loss's output gradient (a float32 scalar 1)
 
@@ -111,7 +132,7 @@ class Stage:
             new_s.append(old if new is None else tf.cast(new, old.dtype))
         return outputs, extra, deltas, new_s
 
-    def _fwd_bwd_impl(self, tvals, vvals, svals, inputs, y, sample_weight):
+    def _fwd_bwd_impl(self, tvals, vvals, svals, inputs, y, sample_weight, scale=None):
         fin = [x for x, m in zip(inputs, self._grad_mask(inputs)) if m]
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(tvals)
@@ -124,7 +145,10 @@ class Stage:
                 c = closs(y, y_pred, sample_weight)
                 if c is not None:
                     loss = loss + tf.cast(c, tf.float32)
-        grads = tape.gradient(loss, [tvals, fin])
+        if scale is None:
+            grads = tape.gradient(loss, [tvals, fin])
+        else:   # a micro-batch's share of the minibatch's loss (sync_runtime.py)
+            grads = tape.gradient(loss, [tvals, fin], output_gradients=scale)
         return grads[0], grads[1], loss, outputs, deltas, new_s
 
     def _fwd_bwd_metrics_impl(self, tvals, vvals, svals, inputs, y, sample_weight, extra):
@@ -170,8 +194,10 @@ class Stage:
         self._emulate(t0)
         return outputs, extra, deltas, Saved(tape, tvals, fin, outputs, extra, mask)
 
-    def backward(self, saved: Saved, output_grads: Sequence):
-        """Backward task of a non-last stage. Returns (weight grads, grads of all inputs)."""
+    def backward(self, saved: Saved, output_grads: Sequence, extra_grad=None):
+        """Backward task of a non-last stage. Returns (weight grads, grads of all inputs).
+        `extra_grad`: the output gradient of the stage's added losses (default 1; a
+        micro-batch's loss scale under a synchronous schedule)."""
         t0 = time.perf_counter()
         with tf.device(self.device):
             targets, ograds = [], []
@@ -182,7 +208,7 @@ class Stage:
             targets.append(saved.extra)
             if self._one is None:   # made once: an eager op per backward showed in profiles
                 self._one = tf.ones((), saved.extra.dtype)
-            ograds.append(self._one)
+            ograds.append(self._one if extra_grad is None else extra_grad)
             k = len(saved.tvals)
             grads = _keras_shim.gradient_flat(saved.tape, targets,
                                               [*saved.tvals, *saved.float_inputs], ograds)
@@ -230,6 +256,81 @@ class Stage:
             sample_weight, None)
         self._write_sequential(new_s)
         return wg, deltas, logs
+
+    # --- micro-batches of a synchronous schedule (pipeline/sync_runtime.py) -------------
+    def _micro_impl(self, tvals, vvals, svals, inputs, y, sample_weight, scale, extra):
+        wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd_impl(
+            tvals, vvals, svals, inputs, y, sample_weight, scale)
+        total = loss if extra is None else loss + extra
+        logs = ({} if self._micro_metrics is None else
+                self._micro_metrics(total, y, self.program.pack_outputs(outputs), sample_weight))
+        return wg, ig, total, outputs, deltas, new_s, logs
+
+    def forward_backward_scaled(self, tvals, vvals, inputs, y, sample_weight, scale,
+                                extra_loss=None, metrics=None):
+        """The last stage's task for one micro-batch: as `forward_backward`, but the
+        gradients are those of `scale` x the loss (the micro-batch's share of the
+        minibatch's mean loss); `loss` and the metrics see the unscaled total."""
+        t0 = time.perf_counter()
+        with tf.device(self.device):
+            inputs = list(inputs)
+            if self._micro_fn is None or self._micro_metrics is not metrics:
+                self._micro_metrics = metrics   # traced with this metrics function
+                self._micro_fn = compiled_method(self._micro_impl, reduce_retracing=True)
+            wg, ig, total, outputs, deltas, new_s, logs = self._micro_fn(
+                list(tvals), list(vvals), self._read_sequential(), inputs, y, sample_weight,
+                scale, extra_loss)
+            self._write_sequential(new_s)
+            in_grads = self._spread(self._grad_mask(inputs), ig)
+        self._emulate(t0)
+        return wg, in_grads, total, outputs, deltas, (None if metrics is None else logs)
+
+    def forward_remat(self, tvals: Sequence, vvals: Sequence, inputs: Sequence):
+        """Forward of a non-last stage that keeps only what recomputing it needs (its
+        inputs, weight version and random-seed state), not the intermediates: GPipe's
+        re-materialization. Returns (outputs, extra_loss, nt_deltas, RematSaved)."""
+        t0 = time.perf_counter()
+        with tf.device(self.device):
+            inputs, tvals, vvals = list(inputs), list(tvals), list(vvals)
+            svals = self._read_sequential()
+            outputs, extra, deltas, new_s = self._forward_fn(tvals, vvals, svals, inputs)
+            self._write_sequential(new_s)
+        self._emulate(t0)
+        return outputs, extra, deltas, RematSaved(tvals, vvals, svals, inputs)
+
+    def backward_remat(self, saved: "RematSaved", output_grads: Sequence, extra_grad=None):
+        """Backward after `forward_remat`: the forward is recomputed under a tape with the
+        same inputs, weights and seed state (Keras' seeded dropout draws the same mask;
+        `stateful_random_ops` finds ops that would not), then differentiated."""
+        t0 = time.perf_counter()
+        with tf.device(self.device):
+            mask = self._grad_mask(saved.inputs)
+            fin = [x for x, m in zip(saved.inputs, mask) if m]
+            tape = tf.GradientTape(watch_accessed_variables=False)
+            with tape:
+                _keras_shim.watch_flat(tape, saved.tvals)
+                _keras_shim.watch_flat(tape, fin)
+                outputs, extra, _, _ = self._forward_fn(saved.tvals, saved.vvals,
+                                                        saved.svals, saved.inputs)
+        self._emulate(t0)
+        return self.backward(Saved(tape, saved.tvals, fin, outputs, extra, mask),
+                             output_grads, extra_grad)
+
+    def stateful_random_ops(self, tvals, vvals, inputs) -> list[str]:
+        """Names of the ops in this stage's compiled forward that draw from a stateful
+        random generator (a recomputation would draw other numbers): refused under
+        re-materialization. Keras' own random layers use stateless ops with a seed state
+        and are not listed."""
+        svals = self._read_sequential()
+        with tf.device(self.device):
+            graph = self._forward_fn.get_concrete_function(
+                list(tvals), list(vvals), svals, list(inputs)).graph
+        found = []
+        for g in [graph, *[f.graph for f in getattr(graph, "_functions", {}).values()
+                           if hasattr(f, "graph")]]:
+            found += [f"{op.name} ({op.type})" for op in g.get_operations()
+                      if op.type in _STATEFUL_RANDOM]
+        return found
 
     def _grad_mask(self, inputs) -> list[bool]:
         return [g and x.dtype.is_floating for x, g in zip(inputs, self._in_grad)]

@@ -1,0 +1,475 @@
+"""The executor of synchronous schedules (GPipe, 1F1B): one virtual worker, a thread per
+stage, each running its stage's action list (`core/sync_schedule.py`) for every minibatch.
+
+`submit` hands over minibatch p; it is split into M micro-batches along the batch axis (an
+uneven split, e.g. an epoch's smaller last batch, gives the first micro-batches one row
+more; a batch of B < M rows runs as B micro-batches). Every stage takes p's weight version
+(w_local after update p - 1: one minibatch in flight, N_m = 1) and runs its actions:
+
+* F(m): a non-last stage runs its forward (kept on a tape, or with `rematerialize` only
+  its inputs, recomputed in B(m)) and sends the outputs to the next stage; the last stage
+  runs forward, loss and backward of m as one task (its B(m) then only sends the input
+  gradients) and updates the loss tracker and compiled metrics on micro-batch m.
+* B(m): the backward with the next stage's gradients; weight gradients are summed in the
+  stage's own memory (on its device), in micro-batch order.
+* APPLY: when every stage has reached its APPLY for p (all backwards done) p is committed
+  and each stage applies its summed gradients once with its own optimizer; an abort before
+  that drops p on every stage, never on some only.
+
+Loss: micro-batch m's gradients are those of (n_m / N) x its loss, n_m its rows and N the
+minibatch's, so with Keras' default reduction ("sum_over_batch_size": sum of weighted
+per-sample losses / rows) the sum over micro-batches is the gradient of the whole
+minibatch's loss, sample weights included; the loss tracker, weighted by rows, and Keras'
+accumulating metrics end as after one update on the whole minibatch. BatchNorm-style float
+non-trainable state is updated once per micro-batch in order (micro-batch m starts from the
+state after m - 1 on that stage; GPipe Section 2.2) and the summed change is added at APPLY.
+
+p + 1 starts when p completed (on every stage, and with `update_thread` after the wave
+hook: push, wait, pull), so each minibatch is one synchronous step. Lifecycle, errors,
+records and `wait_for_room` are as in `runtime.py` (`PipelineRuntime`); `action_trace`
+holds (minibatch, Action, start, end) of every action, `trace` the same as `TraceEvent`s
+with micro-batches numbered globally ((p - 1) x M + m + 1, as `sim/gpipe.py` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from hetpipe_tf.core.schedule import Task, TaskKind
+from hetpipe_tf.core.sync_schedule import Action, ActionKind, Schedule, actions
+from hetpipe_tf.pipeline.compiled import compiled_method
+from hetpipe_tf.pipeline.executor import Executor
+from hetpipe_tf.pipeline.runtime import PipelineError, RecordView, TraceEvent
+from hetpipe_tf.pipeline.stage import Stage
+from hetpipe_tf.pipeline.weights import WeightVersions
+from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
+
+_STOP = object()
+_KIND = {ActionKind.FORWARD: TaskKind.FORWARD, ActionKind.BACKWARD: TaskKind.BACKWARD,
+         ActionKind.APPLY: TaskKind.APPLY}
+
+
+class _Dropped(Exception):
+    """The minibatch was aborted (or another stage failed) while this stage worked on it."""
+
+
+def split_sizes(rows: int, micro_batches: int) -> list[int]:
+    """Rows of each micro-batch: min(M, rows) parts, the first ones one row longer."""
+    m = max(1, min(micro_batches, rows))
+    base, extra = divmod(rows, m)
+    return [base + (1 if i < extra else 0) for i in range(m)]
+
+
+def _split(x, sizes):
+    if x is None:
+        return [None] * len(sizes)
+    if len(sizes) == 1:
+        return [x]
+    flat = tf.nest.flatten(x)
+    pieces = [tf.split(t, sizes, axis=0) if t is not None else [None] * len(sizes)
+              for t in flat]
+    return [tf.nest.pack_sequence_as(x, [p[i] for p in pieces]) for i in range(len(sizes))]
+
+
+class _Adder:
+    """Element-wise sums of tensor lists in one compiled call (None where a term is None)."""
+
+    def __init__(self):
+        self._fn = compiled_method(self._impl, reduce_retracing=True)
+
+    def _impl(self, a, b):
+        return [x if y is None else y if x is None else x + y for x, y in zip(a, b)]
+
+    def __call__(self, a, b):
+        if a is None:
+            return list(b)
+        if not a:
+            return a
+        return self._fn(list(a), list(b))
+
+
+@dataclasses.dataclass
+class _Minibatch:
+    id: int
+    inputs: list     # per micro-batch: stage 0's input tensors
+    y: list          # per micro-batch
+    sample_weight: list
+    scales: list     # per micro-batch: rows / minibatch rows (float32 scalars)
+    run: int
+    extra: dict = dataclasses.field(default_factory=dict)   # m -> earlier stages' losses
+    mail: dict = dataclasses.field(default_factory=dict)    # (kind, stage, m) -> tensors
+    at_apply: int = 0
+    committed: bool = False
+    dropped: bool = False
+    applied: int = 0
+
+
+class SyncPipelineRuntime(Executor):
+    """Runs a synchronous `schedule` with `micro_batches` per minibatch (module docstring).
+
+    Args:
+      stages, weights: as for `PipelineRuntime`; `weights` built with n_m = 1.
+      schedule: Schedule.GPIPE or Schedule.ONE_F_ONE_B.
+      micro_batches: M.
+      update_metrics: update_metrics(loss, y, y_pred, sample_weight) -> logs.
+      rematerialize: non-last stages keep only their inputs and recompute the forward.
+      after_apply, update_thread, metrics_lock, vw, history, plan, on_run_start,
+      on_run_end, trace: as for `PipelineRuntime`.
+    """
+
+    n_m = 1
+
+    def __init__(self, stages: Sequence[Stage], weights: WeightVersions, schedule: Schedule,
+                 micro_batches: int, update_metrics: Callable[[Any, Any, Any, Any], dict],
+                 rematerialize: bool = False, trace: bool = True,
+                 after_apply: Callable[[int], None] | None = None,
+                 update_thread: bool = False, metrics_lock: threading.Lock | None = None,
+                 vw: int = 0, history: int = DEFAULT_HISTORY, plan=None,
+                 on_run_start: Callable[[], None] | None = None,
+                 on_run_end: Callable[[], None] | None = None):
+        self.schedule = Schedule.parse(schedule)
+        if not self.schedule.synchronous:
+            raise ValueError(f"SyncPipelineRuntime runs synchronous schedules. Received: "
+                             f"schedule={self.schedule}; use PipelineRuntime for HETPIPE.")
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
+                or micro_batches < 1:
+            raise ValueError(f"micro_batches must be an int >= 1. Received: "
+                             f"micro_batches={micro_batches!r}.")
+        self.stages = list(stages)
+        if len(weights.stages) != len(self.stages):
+            raise ValueError(f"One StageWeights per stage is needed. Received: "
+                             f"{len(weights.stages)} for {len(self.stages)} stages.")
+        self.versions = weights
+        self.micro_batches = micro_batches
+        self.rematerialize = bool(rematerialize)
+        self.plan = plan
+        self.vw = vw
+        self.history = history
+        self._update_metrics = update_metrics
+        self._fuse_metrics = metrics_lock is None
+        self._metrics_lock = metrics_lock or threading.Lock()
+        self._after_apply = after_apply
+        self._on_run_start = on_run_start
+        self._on_run_end = on_run_end
+        self._actions: dict[int, tuple] = {}
+        self._scales: dict[tuple, list] = {}
+        self._adders = [_Adder() for _ in self.stages]
+        self._queues = [queue.Queue() for _ in self.stages]
+        self._cond = threading.Condition()
+        self.submitted = 0
+        self.completed = 0
+        self._waiting: _Minibatch | None = None
+        self._run_open = False
+        self._run = 0
+        self._outstanding = 0
+        self._closed = False
+        self._error: BaseException | None = None
+        self.logs: dict | None = None
+        self.logs_time = 0.0
+        self.trace_enabled = trace
+        self.trace = Window(history)
+        self.action_trace = Window(history * 4)
+        self.completions = Window(history)
+        self.update_s = Window(history)
+        self.run_starts = Window(history)
+        self.dropped = 0
+        self._threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
+                                          name=f"hetpipe-vw{vw}-sync-stage-{j}")
+                         for j in range(len(self.stages))]
+        self._updates: queue.Queue | None = None
+        if update_thread:
+            self._updates = queue.Queue()
+            self._threads.append(threading.Thread(target=self._updater, daemon=True,
+                                                  name=f"hetpipe-vw{vw}-sync-updater"))
+        for t in self._threads:
+            t.start()
+
+    @property
+    def thread_ids(self) -> set[int]:
+        return {t.ident for t in self._threads}
+
+    @property
+    def record(self) -> RecordView:
+        return RecordView(self.versions.record)
+
+    @property
+    def in_flight(self) -> int:
+        return self.submitted - self.completed
+
+    def actions_for(self, micro_batches: int) -> tuple:
+        """The per-stage action lists for a minibatch of `micro_batches` micro-batches."""
+        if micro_batches not in self._actions:
+            self._actions[micro_batches] = actions(self.schedule, len(self.stages),
+                                                   micro_batches)
+        return self._actions[micro_batches]
+
+    # --- called by the Keras step / the strategy ----------------------------------------
+    def submit(self, inputs: list, y, sample_weight) -> None:
+        rows = int(tf.shape(tf.nest.flatten(inputs)[0])[0])
+        sizes = split_sizes(rows, self.micro_batches)
+        key = (rows, tuple(sizes))
+        if key not in self._scales:
+            self._scales[key] = [tf.constant(n / rows, tf.float32) for n in sizes]
+        split_in = _split(list(inputs), sizes)
+        with self._cond:
+            self._raise_if_failed()
+            if self._closed:
+                raise PipelineError(f"The pipeline of virtual worker {self.vw} is closed.")
+            if not self._run_open:
+                if self._on_run_start is not None:
+                    self._on_run_start()
+                self._run_open = True
+                self.run_starts.append(self.submitted + 1)
+                self.versions.start_run(self.submitted + 1)
+            while self.submitted - self.completed > 1 and self._error is None:
+                self._cond.wait()   # one in flight and one waiting already
+            self._raise_if_failed()
+            self.submitted += 1
+            mb = _Minibatch(self.submitted, split_in, _split(y, sizes),
+                            _split(sample_weight, sizes), self._scales[key], self._run)
+            if mb.id - self.completed > 1:
+                self._waiting = mb   # `_completed` of mb.id - 1 starts it
+                return
+            self._start(mb)
+
+    def _start(self, mb: _Minibatch) -> None:
+        """Hand p to every stage (call under `_cond`; p - 1 has completed)."""
+        for q in self._queues:
+            self._outstanding += 1
+            q.put(mb)
+
+    def wait_for_room(self) -> None:
+        with self._cond:
+            while self.submitted - self.completed >= 1 and self._error is None:
+                self._cond.wait()
+            self._raise_if_failed()
+
+    def drain(self) -> None:
+        with self._cond:
+            while self.completed < self.submitted and self._error is None:
+                self._cond.wait()
+            self._raise_if_failed()
+        self._end_run()
+
+    def abort(self) -> None:
+        with self._cond:
+            self._run += 1
+            self._cond.notify_all()
+            while self._outstanding:
+                self._cond.wait(0.05)
+            self.dropped += self.submitted - self.completed
+            for p in range(self.completed + 1, self.submitted + 1):
+                self.versions.forget(p)
+            self.submitted = self.completed
+            self._waiting = None
+            self._error = None
+            self._cond.notify_all()
+        self._end_run()
+
+    def _end_run(self) -> None:
+        if self._run_open and self._on_run_end is not None:
+            self._on_run_end()
+        with self._cond:
+            self._run_open = False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.abort()
+        self._closed = True
+        for q in self._queues:
+            q.put(_STOP)
+        if self._updates is not None:
+            self._updates.put(_STOP)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+
+    def _fail(self, e: BaseException, where: str) -> None:
+        e.add_note(f"hetpipe_tf: raised by {where} of virtual worker {self.vw}.")
+        with self._cond:
+            if self._error is None:
+                self._error = e
+            self._cond.notify_all()
+
+    # --- messages between stages ----------------------------------------------------------
+    def _live(self, mb: _Minibatch) -> bool:
+        return mb.run == self._run and self._error is None
+
+    def _send(self, mb: _Minibatch, key: tuple, value) -> None:
+        with self._cond:
+            mb.mail[key] = value
+            self._cond.notify_all()
+
+    def _recv(self, mb: _Minibatch, key: tuple):
+        with self._cond:
+            while key not in mb.mail:
+                if not self._live(mb):
+                    raise _Dropped
+                self._cond.wait(0.5)
+            return mb.mail.pop(key)
+
+    def _barrier(self, mb: _Minibatch) -> None:
+        """Every stage reached APPLY: commit p (or drop it on every stage)."""
+        k = len(self.stages)
+        with self._cond:
+            mb.at_apply += 1
+            if mb.at_apply == k:
+                if self._live(mb):
+                    mb.committed = True
+                else:
+                    mb.dropped = True
+                self._cond.notify_all()
+            while not (mb.committed or mb.dropped):
+                if not self._live(mb):
+                    mb.dropped = True
+                    self._cond.notify_all()
+                    break
+                self._cond.wait(0.5)
+            if mb.dropped:
+                raise _Dropped
+
+    # --- stage threads ------------------------------------------------------------------
+    def _worker(self, j: int) -> None:
+        q = self._queues[j]
+        while True:
+            mb = q.get()
+            if mb is _STOP:
+                return
+            try:
+                if self._live(mb):
+                    self._run_minibatch(j, mb)
+            except _Dropped:
+                pass
+            except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
+                self._fail(e, f"stage {j} on {self.stages[j].device} (minibatch {mb.id})")
+            finally:
+                self._done()
+
+    def _done(self) -> None:
+        with self._cond:
+            self._outstanding -= 1
+            if not self._outstanding:
+                self._cond.notify_all()
+
+    def _record(self, j: int, mb: _Minibatch, a: Action, t0: float, m_count: int) -> None:
+        if not self.trace_enabled:
+            return
+        t1 = time.perf_counter()
+        self.action_trace.append((mb.id, a, t0, t1))
+        num = (mb.id - 1) * m_count + (m_count if a.micro_batch < 0 else a.micro_batch + 1)
+        self.trace.append(TraceEvent(Task(j, num, _KIND[a.kind]), t0, t1))
+
+    def _run_minibatch(self, j: int, mb: _Minibatch) -> None:
+        stage, add = self.stages[j], self._adders[j]
+        last = j == len(self.stages) - 1
+        count = len(mb.scales)
+        tvals, nvals0 = self.versions.take(mb.id, j)
+        nvals = list(nvals0)
+        grads = deltas = None
+        saved, out_grads = {}, {}
+        for a in self.actions_for(count)[j]:
+            t0 = time.perf_counter()
+            m = a.micro_batch
+            if a.kind is ActionKind.FORWARD:
+                inputs = mb.inputs[m] if j == 0 else self._recv(mb, ("F", j, m))
+                if last:
+                    extra = mb.extra.get(m) if j > 0 else None
+                    wg, ig, total, outputs, d, logs = self._last_task(
+                        stage, tvals, nvals, inputs, mb, m, extra)
+                    grads = add(grads, wg)
+                    out_grads[m] = ig
+                else:
+                    fwd = stage.forward_remat if self.rematerialize else stage.forward
+                    outputs, extra, d, saved[m] = fwd(tvals, nvals, inputs)
+                    mb.extra[m] = extra if j == 0 else mb.extra[m] + extra
+                    self._send(mb, ("F", j + 1, m), outputs)
+                if d:   # BatchNorm statistics: micro-batch m + 1 starts from m's
+                    deltas = add(deltas, d)
+                    nvals = add(nvals, d)
+            elif a.kind is ActionKind.BACKWARD:
+                if last:
+                    ig = out_grads.pop(m)
+                else:
+                    bwd = stage.backward_remat if self.rematerialize else stage.backward
+                    wg, ig = bwd(saved.pop(m), self._recv(mb, ("B", j, m)), mb.scales[m])
+                    grads = add(grads, wg)
+                if j > 0:
+                    self._send(mb, ("B", j - 1, m), ig)
+            else:
+                self._barrier(mb)
+                del tvals   # no version alive while the update writes (copy-on-write)
+                t_apply = time.perf_counter()
+                self.versions.apply(j, mb.id, grads or [], deltas or [])
+                if j == 0:
+                    self.update_s.append(time.perf_counter() - t_apply)
+                self._record(j, mb, a, t0, count)
+                self._applied(mb)
+                return
+            self._record(j, mb, a, t0, count)
+
+    def _last_task(self, stage: Stage, tvals, nvals, inputs, mb: _Minibatch, m: int, extra):
+        y, sw, scale = mb.y[m], mb.sample_weight[m], mb.scales[m]
+        final = m == len(mb.scales) - 1
+        if self._fuse_metrics:
+            with self._metrics_lock:
+                out = stage.forward_backward_scaled(tvals, nvals, inputs, y, sw, scale,
+                                                    extra_loss=extra,
+                                                    metrics=self._update_metrics)
+                if final:
+                    self._set_logs(out[5])
+            return out
+        out = stage.forward_backward_scaled(tvals, nvals, inputs, y, sw, scale,
+                                            extra_loss=extra)
+        with self._metrics_lock, tf.device(stage.device):
+            logs = self._update_metrics(out[2], y, stage.program.pack_outputs(out[3]), sw)
+            if final:
+                self._set_logs(logs)
+        return out
+
+    def _set_logs(self, logs: dict) -> None:
+        self.logs = {k: v.numpy() for k, v in logs.items()}   # host values (runtime.py)
+        self.logs_time = time.perf_counter()
+
+    def _applied(self, mb: _Minibatch) -> None:
+        with self._cond:
+            mb.applied += 1
+            if mb.applied < len(self.stages):
+                return
+        if self._updates is not None:
+            with self._cond:
+                self._outstanding += 1
+            self._updates.put(mb)
+        else:
+            self._completed(mb)
+
+    def _updater(self) -> None:
+        while True:
+            mb = self._updates.get()
+            if mb is _STOP:
+                return
+            try:   # committed minibatches are never dropped
+                if self._error is None and self._after_apply is not None:
+                    self._after_apply(mb.id)
+            except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
+                self._fail(e, f"the wave sync after minibatch {mb.id}")
+            finally:
+                self._completed(mb)
+                self._done()
+
+    def _completed(self, mb: _Minibatch) -> None:
+        with self._cond:
+            self.completed = mb.id
+            self.completions.append(mb.id)
+            waiting = self._waiting
+            if waiting is not None and waiting.run == self._run \
+                    and waiting.id - self.completed <= 1:
+                self._waiting = None
+                self._start(waiting)
+            self._cond.notify_all()

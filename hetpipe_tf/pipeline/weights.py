@@ -49,10 +49,14 @@ class StageWeights:
       emulated_speed_factor: f < 1 EMULATES a slower device: each update then takes 1/f as
         long (a sleep of (1/f - 1) x its measured time), as the stage's tasks do, so the
         planner's and the simulator's update cost (/ f) hold under emulation too.
+      predictor: a `compensation.WeightPredictor` (staleness compensation by weight
+        prediction): forwards read their version moved ahead by the missing updates. None
+        (the default) runs exactly the paper's rule.
     """
 
     def __init__(self, device: str, trainable: Sequence, non_trainable: Sequence, optimizer,
-                 n_m: int, counter=None, emulated_speed_factor: float = 1.0):
+                 n_m: int, counter=None, emulated_speed_factor: float = 1.0,
+                 predictor=None):
         self.device = device
         self.emulated_speed_factor = float(emulated_speed_factor)
         self.emulated_sleep_s = 0.0  # total time slept for emulation (labelled as such)
@@ -73,6 +77,11 @@ class StageWeights:
         self._apply_fn = compiled_method(self._apply_impl, reduce_retracing=True)
         self._read_fn = compiled_method(self.read_ops)
         self._rebase_fn = compiled_method(self._rebase_impl, reduce_retracing=True)
+        # Compensation (off: None, and nothing below runs): d as of each version.
+        self.predictor = predictor
+        self._d_of: dict[int, list] = {}
+        if predictor is not None:
+            self._apply_fn = compiled_method(self._apply_predict_impl, reduce_retracing=True)
 
     @property
     def variables(self) -> list:
@@ -95,15 +104,23 @@ class StageWeights:
             self.applied = applied
             t, n = self.snapshot()
             self._versions = {p: (applied, t, n) for p in range(first, first + self._n_m)}
+            if self.predictor is not None:
+                d = self.predictor.initial(t)
+                self._d_of = {p: d for p in self._versions}
 
     def take(self, p: int) -> tuple[int, tuple, tuple]:
         """(last update reflected, trainable values, non-trainable values) of minibatch p."""
         with self._lock:
-            return self._versions.pop(p)
+            if self.predictor is None:
+                return self._versions.pop(p)
+            last, t, n = self._versions.pop(p)
+            d = self._d_of.pop(p)
+            return last, self.predictor.predict(t, d, self.predictor.horizon(p, last)), n
 
     def forget(self, p: int) -> None:
         with self._lock:
             self._versions.pop(p, None)
+            self._d_of.pop(p, None)
 
     def update_ops(self, grads, deltas) -> None:
         """w_local += u (the optimizer step on `grads`, `deltas` added to the versioned
@@ -128,6 +145,13 @@ class StageWeights:
         # read after the writes to the same variable before it).
         return self.read_ops()
 
+    def _apply_predict_impl(self, grads, deltas, d):
+        # As _apply_impl, and the predictor's d after this update (u = after - before).
+        before = [tf.identity(keras_shim.variable_handle(v)) for v in self.trainable]
+        self.update_ops(grads, deltas)
+        t, n = self.read_ops()
+        return t, n, self.predictor.observe_ops(d, before, t)
+
     def apply(self, q: int, grads: Sequence, deltas: Sequence) -> None:
         """w_local += u_q on this stage, then the version of q + N_m (call on its thread)."""
         with self._lock:
@@ -136,7 +160,13 @@ class StageWeights:
                                    f"{self.applied}.")
             t0 = time.perf_counter()
             with tf.device(self.device):
-                t, n = self._apply_fn(list(grads), list(deltas))
+                if self.predictor is None:
+                    t, n = self._apply_fn(list(grads), list(deltas))
+                else:
+                    t, n, d = self._apply_fn(list(grads), list(deltas),
+                                             list(self.predictor.initial(self.trainable)))
+                    self.predictor.d = list(d)
+                    self._d_of[q + self._n_m] = self.predictor.d
             self.emulated_sleep_s += emulate_slowdown(t0, self.emulated_speed_factor)
             self.applied = q
             self._versions[q + self._n_m] = (q, tuple(t), tuple(n))

@@ -31,7 +31,7 @@ hold one copy of the slots, not two.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import keras
 import tensorflow as tf
@@ -104,14 +104,18 @@ class OptimizerStates:
     variable's path; a stage optimizer built on copies is matched through a reference
     built on the model's own variables)."""
 
-    def __init__(self, model, strategy, num_virtual_workers: int):
+    def __init__(self, model, strategy, num_virtual_workers: int, adjust=None):
         self.model = model
+        # Staleness compensation's change to each built stage optimizer (None: none).
+        self._adjust = adjust
         self.strategy = strategy
         self.num_virtual_workers = num_virtual_workers
         self.optimizers: list = []
         self.pairs: list[tuple] = []   # (stage optimizer's slot, model optimizer's slot)
         self._canonical: dict[str, list] = {}
         self._unnamed: list = []   # the optimizer's own state, named by a counter
+        self._owner: dict[int, Any] = {}   # id(stage slot) -> the stage optimizer holding it
+        self._start = 0                    # every stage optimizer's step count at the seed
         for v in _slots(model.optimizer):
             if _keras_shim.is_auto_named(v):
                 self._unnamed.append(v)
@@ -150,6 +154,7 @@ class OptimizerStates:
                             f"{tuple(slot.shape)} in {type(clone).__name__}; use an "
                             "optimizer whose state is per-variable slots and scalars.")
                     self.pairs.append((slot, target))
+                    self._owner[id(slot)] = clone
                     continue
                 k = seen.get(name, 0)
                 seen[name] = k + 1
@@ -159,17 +164,24 @@ class OptimizerStates:
                         "A stage optimizer's slot has no counterpart in the model's optimizer. "
                         f"Received: slot {name!r}; give the model's layers unique names.")
                 self.pairs.append((slot, targets[k]))
+                self._owner[id(slot)] = clone
+            if self._adjust is not None:
+                self._adjust(clone)
             out.append(clone)
         self.optimizers.extend(out)
         return out
 
     def merge(self) -> None:
         """Several become one: each model optimizer slot := the mean of the stage slots that
-        stand for it (one per VW)."""
+        stand for it (one per VW), over the VWs that trained in the run: a VW that took no
+        minibatch (a run of one `train_on_batch`) still holds the seed and would dilute it."""
         groups: dict[int, tuple] = {}
         for slot, target in self.pairs:
             groups.setdefault(id(target), (target, []))[1].append(slot)
-        for target, slots in groups.values():
+        for target, every in groups.values():
+            slots = [s for s in every if self._trained(s)]
+            if not slots:
+                continue
             t = _keras_shim.variable_handle(target)
             with tf.device(t.device):
                 vals = [tf.identity(_keras_shim.variable_handle(s)) for s in slots]
@@ -186,3 +198,9 @@ class OptimizerStates:
         start = int(self.model.optimizer.iterations.numpy()) // self.num_virtual_workers
         for o in self.optimizers:
             _keras_shim.variable_handle(o.iterations).assign(start)
+        self._start = start
+
+    def _trained(self, slot) -> bool:
+        """Whether the stage optimizer holding `slot` applied an update since the seed."""
+        owner = self._owner.get(id(slot))
+        return owner is None or int(owner.iterations.numpy()) > self._start

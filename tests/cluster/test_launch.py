@@ -1,0 +1,163 @@
+"""hetpipe_tf.launch: TF_CONFIG per process, logs with a task prefix, and no process left
+after the job ends by success, error, SIGINT/SIGTERM/SIGKILL of the chief or of the
+launcher. The program run is tests/cluster/launch_child.py (no TensorFlow: quick); every
+process is looked up by pid and killed by pid in `finally`, also on failure."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hetpipe_tf import launch
+from hetpipe_tf.cluster.lifetime import alive
+from tests.benchmarks.binaries import ROOT
+
+CHILD = [sys.executable, "-m", "tests.cluster.launch_child"]
+
+
+class Launched:
+    """The launcher as a subprocess, its output collected line by line."""
+
+    def __init__(self, action: str, workers: int = 2, ps: int = 1, extra=()):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hetpipe_tf.launch", f"--workers={workers}", f"--ps={ps}",
+             "--grace_s=3", *extra, "--", *CHILD, action],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.tasks = 1 + workers + ps
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, count: int = 1, timeout: float = 60) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hits = [ln for ln in list(self.lines) if re.search(pattern, ln)]
+            if len(hits) >= count:
+                return hits
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {count} lines matching {pattern!r}:\n" + "\n".join(self.lines))
+
+    def pids(self) -> dict[str, int]:
+        out = {}
+        for ln in self.lines:
+            m = re.match(r"\[launch\] (\w+:\d+) pid=(\d+)", ln)
+            if m:
+                out[m.group(1)] = int(m.group(2))
+        return out
+
+    def ready(self):
+        self.wait_for(r"\] (serving|sleeping)$", self.tasks)
+        return self.pids()
+
+    def cleanup(self, extra_pids=()):
+        for pid in [*self.pids().values(), *extra_pids, self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=10)
+
+
+def _all_gone(pids, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def test_job_tasks_tf_config():
+    tasks = launch.job_tasks(2, 1, devices_per_worker=3, ports=[10, 11, 12, 13])
+    assert [t.name for t in tasks] == ["chief:0", "worker:0", "worker:1", "ps:0"]
+    config = json.loads(tasks[2].tf_config)
+    assert config == {
+        "cluster": {"chief": ["127.0.0.1:10"], "worker": ["127.0.0.1:11", "127.0.0.1:12"],
+                    "ps": ["127.0.0.1:13"]},
+        "task": {"type": "worker", "index": 1},
+        "hetpipe": {"devices": {"worker:0": ["LOCAL_CPU"] * 3,
+                                "worker:1": ["LOCAL_CPU"] * 3}}}
+    assert "ps" not in json.loads(launch.job_tasks(1, 0, ports=[1, 2])[0].tf_config)["cluster"]
+    with pytest.raises(ValueError, match="Received: workers=0"):
+        launch.job_tasks(0, 1)
+
+
+def test_exposure_warning_names_the_ports():
+    tasks = launch.job_tasks(1, 1, ports=[4000, 4001, 4002])
+    assert launch.exposure_warning(tasks, []) is None
+    text = launch.exposure_warning(tasks, ["eth0"])
+    assert "ports 4000, 4001, 4002" in text and "eth0" in text and "\n" not in text
+
+
+def test_command_is_required():
+    proc = subprocess.run([sys.executable, "-m", "hetpipe_tf.launch", "--workers=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no command" in proc.stderr
+
+
+@pytest.mark.parametrize("action, code", [("exit0", 0), ("exit3", 3)])
+def test_chief_exit_ends_the_job(action, code):
+    job = Launched(action)
+    try:
+        assert job.proc.wait(timeout=90) == code
+        job._reader.join(timeout=10)
+        pids = job.pids()
+        assert sorted(pids) == ["chief:0", "ps:0", "worker:0", "worker:1"]
+        assert _all_gone(pids.values()) is True
+        text = "\n".join(job.lines)
+        assert re.search(r"^\[worker:1\] task worker:1 pid=\d+ devices=", text, re.M)
+        assert "[ps:0] serving" in text
+        assert ("[chief:0] done" if code == 0 else "[chief:0] failing") in text
+    finally:
+        job.cleanup()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_the_launcher_stops_every_process(sig):
+    job = Launched("grandchild", workers=1)
+    grand = []
+    try:
+        pids = job.ready()
+        grand = [int(job.wait_for(r"grandchild pid=")[0].rsplit("=", 1)[1])]
+        os.kill(job.proc.pid, sig)
+        assert job.proc.wait(timeout=60) == 128 + sig
+        assert _all_gone([*pids.values(), *grand]) is True
+    finally:
+        job.cleanup(grand)
+
+
+def test_sigkill_of_the_launcher_kills_its_children():
+    job = Launched("sleep")
+    try:
+        pids = job.ready()
+        os.kill(job.proc.pid, signal.SIGKILL)
+        job.proc.wait(timeout=30)
+        assert _all_gone(pids.values()) is True   # PR_SET_PDEATHSIG, no cleanup code ran
+    finally:
+        job.cleanup()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_chief_killed_ends_the_job(sig):
+    job = Launched("sleep")
+    try:
+        pids = job.ready()
+        os.kill(pids["chief:0"], sig)
+        assert job.proc.wait(timeout=60) != 0
+        assert _all_gone(pids.values()) is True
+    finally:
+        job.cleanup()

@@ -232,6 +232,47 @@ def calling_model(frame: Any, methods: tuple[str, ...] = ("compile",)) -> Any:
     return None
 
 
+def fit_batch_size(frame: Any) -> int | None:
+    """The batch size of the data the running `fit` iterates (its epoch iterator's data
+    adapter), where the traced batch leaves it open: NumPy inputs with a remainder, Python
+    generators, `keras.utils.PyDataset`, a tf.data dataset batched without drop_remainder.
+    None when no fit runs in `frame` or above it, or the data yields no batch."""
+    # Reason: the plan is made for the user's batch size (the largest a step takes), which
+    # Keras knows but does not put into the traced step's shapes when batches vary.
+    while frame is not None and not (frame.f_code.co_name == "fit"
+                                     and "epoch_iterator" in frame.f_locals):
+        frame = frame.f_back   # past a subclass's own fit that calls Keras' fit
+    iterator = None if frame is None else frame.f_locals["epoch_iterator"]
+    adapter = getattr(iterator, "data_adapter", None)
+    if adapter is None:
+        return None
+    size = adapter.batch_size
+    if isinstance(size, int):
+        return size
+    first = getattr(adapter, "_first_batches", None)         # Python generator: peeked
+    if first is None and getattr(adapter, "py_dataset", None) is not None:
+        first = [adapter.py_dataset[0]]                       # as Keras reads it for specs
+    if first is None and getattr(adapter, "_dataset", None) is not None:
+        with tf.init_scope():                                 # a fresh pass of the dataset
+            first = [element for element in adapter._dataset.take(1)]
+    sizes = [int(t.shape[0]) for batch in first or ()
+             for t in tf.nest.flatten(batch) if getattr(t, "shape", None)]
+    return max(sizes) if sizes else None
+
+
+def pythonify_logs(logs: Any) -> dict:
+    """Logs as `train_on_batch` returns them (Python floats, nested dicts flattened)."""
+    # Reason: the strategy recomputes train_on_batch's logs after draining the pipeline.
+    from keras.src.utils.python_utils import pythonify_logs as pythonify
+    return pythonify(logs)
+
+
+def flatten_logs(model: Any, logs: dict) -> Any:
+    """Logs as a list in the order of `model.metrics_names` (train_on_batch's default)."""
+    # Reason: the same; Keras' own ordering of its return value.
+    return model._flatten_metrics_in_order(logs)
+
+
 def stand_in_for(copy: Any, original: Any) -> None:
     """Give a virtual worker's tf.Variable copy of a model variable the model variable's
     Keras `path`, which some optimizers read to choose their rule per variable (Muon's

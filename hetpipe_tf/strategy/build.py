@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 from typing import Any, Callable
 
@@ -79,7 +80,8 @@ def build_training(extended, model, data) -> Training:
     installs the draining `get_metrics_result` on the model."""
     strategy = extended._container_strategy()
     check_model(model, strategy)
-    batch_size = check_batch(data)
+    frame = sys._getframe(1)
+    batch_size = check_batch(data, lambda: _keras_shim.fit_batch_size(frame))
     if not extended.plans:
         with tf.init_scope():  # we are inside Keras' train-function trace: plan eagerly
             if extended._plan_fn is not None:

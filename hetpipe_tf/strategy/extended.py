@@ -33,7 +33,8 @@ from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.strategy.build import (Training, build_training, changed_without_compile,
                                        compiled_state, same_compile)
 from hetpipe_tf.strategy.guards import guard_model
-from hetpipe_tf.strategy.validation import check_n_m, check_plans, check_same_batch
+from hetpipe_tf.strategy.validation import (check_batch_fits, check_n_m, check_plans,
+                                            check_same_batch)
 
 
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
@@ -104,6 +105,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         self._runtime_threads: set[int] = set()
         self._local_placement = threading.local()
         self._guarded = weakref.WeakSet()   # models whose fit etc. this strategy guards
+        # Per model: a batch refused inside a step (py_function), for the guard to re-raise.
+        self.refused: dict[int, BaseException] = {}
 
     # --- variables ----------------------------------------------------------------------
     @property
@@ -224,11 +227,20 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         shapes = [spec[k].shape for k in keys]
         np_dtypes = [d.as_numpy_dtype for d in dtypes]
         program = training.program
+        # An open batch dimension (an epoch's remainder, generators): each batch is checked
+        # against the planned size when it arrives; smaller ones run as they are.
+        open_batch = any(flat[i].shape.rank and flat[i].shape[0] is None for i in present)
 
         def submit(*tensors):
             full = [None] * len(flat)
             for i, t in zip(present, tensors):
                 full[i] = t
+            if open_batch and tensors and tensors[0].shape.rank:
+                try:
+                    check_batch_fits(int(tensors[0].shape[0]), training.batch_size)
+                except ValueError as e:   # re-raised as itself by the guarded fit
+                    self.refused[id(model)] = e
+                    raise
             batch = tf.nest.pack_sequence_as(structure, full)
             x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
             runtime.submit(program.model_inputs(x), y, sw)

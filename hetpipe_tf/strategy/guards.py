@@ -13,28 +13,40 @@ records the call after it.
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import time
 
 import tensorflow as tf
 
+from hetpipe_tf import _keras_shim
+from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.runtime import PipelineError
 from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.build import compiled_state, same_compile
 
 
 def guard_model(extended, model) -> None:
-    """Wrap the model's fit/evaluate/predict (abort on an exception), save/save_weights/
-    get_weights/set_weights (drain first) and load_weights (drain, build the optimizer
-    first). Once."""
+    """Wrap the model's fit/evaluate/predict and the *_on_batch calls (abort on an
+    exception; evaluate, predict, test_on_batch and predict_on_batch drain first, so what
+    was in flight neither misses their weights nor adds to their fresh metrics;
+    train_on_batch drains after its batch and returns that batch's logs), save/
+    save_weights/get_weights/set_weights (drain first) and load_weights (drain, build the
+    optimizer first). Once."""
     if model.__dict__.get("_hetpipe_guarded"):
         return
 
-    def guarded(name):
+    def may_drain() -> bool:
+        # Not while tracing, and never from a stage thread (a callback run by a stage).
+        return tf.executing_eagerly() and threading.get_ident() not in extended._runtime_threads
+
+    def guarded(name, drain_first=False):
         original = getattr(model, name)
 
         @functools.wraps(original)
         def call(*args, **kwargs):
+            if drain_first and may_drain():
+                extended.drain()
             t = extended.pipelines.get(id(model))
             if (name == "fit" and t is not None and t.executor.closed
                     and same_compile(t.compiled, compiled_state(model))):
@@ -47,9 +59,30 @@ def guard_model(extended, model) -> None:
                 return original(*args, **kwargs)
             except BaseException as e:
                 stage_error = extended.abort(model)
+                refused = extended.refused.pop(id(model), None)
+                if refused is not None and refused is not e:
+                    raise refused from e
                 if stage_error is not None and stage_error is not e:
                     raise stage_error from e
                 raise
+        return call
+
+    def own_logs(train_on_batch):
+        signature = inspect.signature(train_on_batch)
+
+        @functools.wraps(train_on_batch)
+        def call(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            return_dict = bound.arguments.get("return_dict", False)
+            bound.arguments["return_dict"] = True
+            logs = train_on_batch(*bound.args, **bound.kwargs)
+            t = extended.pipelines.get(id(model))
+            if may_drain() and not isinstance(getattr(t, "executor", None), InGraphRuntime):
+                # The step handed back the logs of the last completed minibatch; this
+                # batch's are there once it is applied (in graph they already are).
+                extended.drain()
+                logs = _keras_shim.pythonify_logs(model.get_metrics_result())
+            return logs if return_dict else _keras_shim.flatten_logs(model, logs)
         return call
 
     def drained(name):
@@ -103,8 +136,10 @@ def guard_model(extended, model) -> None:
         model.train_function = train_function
         return train_function
 
-    for name in ("fit", "evaluate", "predict"):
-        object.__setattr__(model, name, guarded(name))
+    object.__setattr__(model, "fit", guarded("fit"))
+    for name in ("evaluate", "predict", "test_on_batch", "predict_on_batch"):
+        object.__setattr__(model, name, guarded(name, drain_first=True))
+    object.__setattr__(model, "train_on_batch", own_logs(guarded("train_on_batch")))
     object.__setattr__(model, "make_train_function", make_train_function)
     if model.__dict__.get("train_function") is not None:
         # Guarded during the first trace (compiled outside the scope): Keras reads

@@ -4,6 +4,7 @@ and how to fix it."""
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import keras
 import tensorflow as tf
@@ -138,29 +139,50 @@ def _batch_sizes(data) -> set:
             if t is not None}
 
 
-def check_batch(data) -> int:
-    """The static batch size of a training batch; varying batch sizes are rejected."""
+def check_batch(data, hint: Callable[[], int | None] = lambda: None) -> int:
+    """The batch size the plan is made for: the traced batch's static size, else `hint()`
+    (the size Keras' fit batches its data by, `_keras_shim.fit_batch_size`). Smaller
+    batches (an epoch's remainder) run as they are, like in Keras."""
     flat = [t for t in tf.nest.flatten(data) if t is not None]
-    sizes = _batch_sizes(data)
-    if None in sizes or len(sizes) != 1:
+    known = _batch_sizes(data) - {None}
+    if len(known) > 1:
         raise ValueError(
-            "HetPipeStrategy needs every minibatch to have the same batch size (the plan and "
-            "N_m are made for one minibatch size), but this dataset's batch size may vary. "
-            f"Received: batch shapes {[tuple(t.shape) for t in flat]}; batch the dataset with "
-            "drop_remainder=True (or pass a sample count that is a multiple of batch_size).")
-    return sizes.pop()
+            "The tensors of one training batch disagree on the batch size. Received: batch "
+            f"shapes {[tuple(t.shape) for t in flat]}; give every input, target and sample "
+            "weight the same first dimension.")
+    if known:
+        return known.pop()
+    size = hint()
+    if size is None:
+        raise ValueError(
+            "HetPipeStrategy plans the pipeline for the largest batch a step takes, but this "
+            "data's batch size is unknown (the batch dimension is open and Keras reports no "
+            f"batch size). Received: batch shapes {[tuple(t.shape) for t in flat]}; batch a "
+            "tf.data dataset with dataset.batch(n) before fit, or give fit NumPy arrays and "
+            "batch_size.")
+    return size
 
 
 def check_same_batch(data, built_for: int) -> None:
-    """A later fit must use the batch size the model's pipeline was built for."""
-    sizes = _batch_sizes(data)
-    if sizes != {built_for}:
-        raise ValueError(
-            "This fit's batch size differs from the one the model's pipeline was built for "
-            "(its plan, N_m and weight versions are made for one minibatch size). "
-            f"Received: batch size {sorted(sizes, key=str)}, built for {built_for}; "
-            f"fit with batch_size={built_for} (and drop_remainder=True), or train this "
-            "batch size under a new HetPipeStrategy.")
+    """A later fit may take batches up to the size the model's pipeline was planned for
+    (a smaller one runs as it is); a larger static batch size is refused here, before
+    training; an open batch dimension is checked per batch (`check_batch_fits`)."""
+    sizes = _batch_sizes(data) - {None}
+    if sizes and max(sizes) > built_for:
+        raise ValueError(_too_large(max(sizes), built_for))
+
+
+def check_batch_fits(size: int, built_for: int) -> None:
+    """One batch of an open batch dimension, checked when it arrives."""
+    if size > built_for:
+        raise ValueError(_too_large(size, built_for))
+
+
+def _too_large(size: int, built_for: int) -> str:
+    return ("This batch is larger than the batch size the model's pipeline was planned for "
+            "(its stages' memory and N_m are planned for that size). Received: batch size "
+            f"{size}, planned for {built_for}; train with batch_size <= {built_for}, or train "
+            "this batch size under a new HetPipeStrategy (planned for it).")
 
 
 def check_plan(plan, program, model, batch_size: int, cluster=None) -> None:

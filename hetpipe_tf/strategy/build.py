@@ -29,6 +29,7 @@ from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy import training_state
+from hetpipe_tf.strategy.compensation import optimizer_adjustment, predictor_factory
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
                                             check_plans)
 
@@ -115,16 +116,19 @@ def build_training(extended, model, data) -> Training:
             cm.update_state(y, y_pred, sample_weight)
         return original()
 
+    adjust = optimizer_adjustment(extended.compensation, extended.n_m)
+    predictor = predictor_factory(extended.compensation, extended.n_m)
     if len(extended.plans) == 1:
         stages = Stage.for_plan(extended.plans[0], program, model)
-        states = training_state.OptimizerStates(model, strategy, 1)
+        states = training_state.OptimizerStates(model, strategy, 1, adjust=adjust)
         with tf.init_scope():
             own = [s.trainable for s in stages]
             optimizers = states.for_virtual_worker(own, own)
         weights = WeightVersions([
             StageWeights(s.device, s.trainable, s.versioned_nt, o, extended.n_m,
                          counter=model.optimizer.iterations if s.index == 0 else None,
-                         emulated_speed_factor=s.emulated_speed_factor)
+                         emulated_speed_factor=s.emulated_speed_factor,
+                         predictor=predictor(s.device))
             for s, o in zip(stages, optimizers)])
         if extended.in_graph and runs_in_graph(stages, extended.n_m):
             runtime = InGraphRuntime(stages[0], weights, update_metrics,
@@ -140,7 +144,8 @@ def build_training(extended, model, data) -> Training:
             model, program, extended.plans, extended.n_m, extended.clock_distance, update_metrics,
             cluster=extended._cluster_or_none(), placement=extended.placement,
             ps_hosts=extended.ps_hosts, place_locally=extended.place_locally,
-            fresh_pulls=extended.fresh_pulls, strategy=strategy)
+            fresh_pulls=extended.fresh_pulls, strategy=strategy, adjust=adjust,
+            predictor=predictor)
     extended._runtime_threads.update(runtime.thread_ids)
 
     def get_metrics_result():

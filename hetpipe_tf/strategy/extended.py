@@ -40,8 +40,10 @@ from hetpipe_tf.strategy.validation import (check_batch_fits, check_n_m, check_p
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     def __init__(self, container, cluster, plan, n_m, max_m, clock_distance=0,
                  placement="default", ps_hosts=None, allocation=None,
-                 num_virtual_workers=None, fresh_pulls=True, in_graph=True):
+                 num_virtual_workers=None, fresh_pulls=True, in_graph=True,
+                 compensation="none"):
         from hetpipe_tf.cluster.allocation import AllocationPolicy
+        from hetpipe_tf.strategy.compensation import Compensation
         from hetpipe_tf.ps.placement import PlacementPolicy
 
         super().__init__(container)
@@ -80,6 +82,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if not isinstance(in_graph, bool):
             raise ValueError(f"in_graph must be True or False. Received: in_graph={in_graph!r}.")
         self.in_graph = in_graph
+        self.compensation = Compensation.parse(compensation)
         if self.allocation is not None and (self.plans or self._plan_fn is not None):
             raise ValueError(
                 "allocation forms virtual workers for the planner; it cannot be combined with "

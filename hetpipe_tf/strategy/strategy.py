@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
+from hetpipe_tf.strategy.compensation import Compensation
 from hetpipe_tf.strategy.extended import HetPipeExtended
 
 
@@ -51,16 +52,22 @@ class HetPipeStrategy(tf.distribute.Strategy):
         train step instead of through the runtime's stage thread (the same computation,
         about twice as fast for small steps; its trace has one event per Keras call,
         `pipeline/in_graph.py`). False keeps the threaded runtime for every layout.
+      compensation: staleness compensation (docs/convergence.md): `Compensation.NONE`
+        trains by the paper's rules exactly; `Compensation.PREDICT` forwards each
+        minibatch at its weight version moved ahead by the local updates it misses;
+        `Compensation.MOMENTUM` lowers the stage optimizers' momentum by the momentum that
+        staleness implies. A Compensation or its name.
     """
 
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
                  max_m: int | None = None, clock_distance: int = 0,
                  placement: str = "default", ps_hosts=None, allocation=None,
                  num_virtual_workers: int | None = None, fresh_pulls: bool = True,
-                 in_graph: bool = True):
+                 in_graph: bool = True, compensation: Compensation | str = Compensation.NONE):
         super().__init__(HetPipeExtended(self, cluster, plan, n_m, max_m, clock_distance,
                                          placement, ps_hosts, allocation,
-                                         num_virtual_workers, fresh_pulls, in_graph))
+                                         num_virtual_workers, fresh_pulls, in_graph,
+                                         compensation))
 
     @property
     def plan(self):

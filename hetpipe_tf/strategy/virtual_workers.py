@@ -77,12 +77,15 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                           placement: PlacementPolicy | str = PlacementPolicy.DEFAULT,
                           ps_hosts: Sequence[str] | None = None,
                           place_locally: Callable[[], Any], fresh_pulls: bool = True,
-                          strategy=None) -> Coordinator:
+                          strategy=None, adjust=None,
+                          predictor: Callable[[str], Any] = lambda device: None
+                          ) -> Coordinator:
     """The coordinator of len(plans) virtual workers training `model` under WSP.
 
     `place_locally()` returns a context in which the strategy's variable creator keeps the
     caller's device scope (so w_global lands on the parameter servers' devices and w_local
-    on the stage devices).
+    on the stage devices). `adjust` and `predictor` are staleness compensation's
+    (strategy/compensation.py).
     """
     per_vw_stages = [Stage.for_plan(p, program, model) for p in plans]
     # Each variable once, in stage order (a dict keeps the first insertion's position).
@@ -98,7 +101,7 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
         index = {id(v): k for k, v in enumerate(variables)}
         metrics_lock = threading.Lock()
         runtimes, syncs = [], []
-        states = training_state.OptimizerStates(model, strategy, len(plans))
+        states = training_state.OptimizerStates(model, strategy, len(plans), adjust=adjust)
         for w, stages in enumerate(per_vw_stages):
             local_flat: list = [None] * len(variables)
             local_by_stage = []
@@ -123,7 +126,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
             weights = WeightVersions([
                 StageWeights(s.device, t, n, o, n_m,
                              counter=model.optimizer.iterations if s.index == 0 else None,
-                             emulated_speed_factor=s.emulated_speed_factor)
+                             emulated_speed_factor=s.emulated_speed_factor,
+                             predictor=predictor(s.device))
                 for s, (t, n), o in zip(stages, local_by_stage, optimizers)])
             sync = WaveSync(w, servers, local_flat, n_m, clock_distance,
                             fresh_pulls=fresh_pulls, weights=weights)

@@ -70,6 +70,9 @@ setup(
         "matplotlib>=3.8,<4",  # hetpipe_tf.observe.draw_pipeline_png (PNG timelines)
     ],
     extras_require={
+        # The benchmarks' real data set (benchmarks/time_to_accuracy.py: load_digits ships
+        # inside scikit-learn, no download).
+        "bench": ["scikit-learn>=1.3,<2"],
         "test": [
             "pytest>=8,<10",
             "hypothesis>=6.100,<7",

@@ -1,0 +1,316 @@
+r"""Time to accuracy: HetPipe against synchronous data parallelism, with and without
+staleness compensation (issue 20; docs/convergence.md).
+
+  python -m benchmarks.time_to_accuracy --quick        # a few minutes on 2 cores
+  python -m benchmarks.time_to_accuracy                # the whole table
+  python -m benchmarks.time_to_accuracy --mode=gap     # accuracy at equal epochs (issue's table)
+
+--mode=time (the default) prints ONE table from one run, per task: wall-clock seconds and
+epochs to --target validation accuracy, and the final accuracy, for
+  - plain Keras on one device (the reference; not slowed),
+  - synchronous data parallelism with equal batches on the emulated cluster: 4 VWs x 1
+    stage at N_m = 1, D = 0 (exactly synchronous SGD over 4 workers, as Horovod or
+    MirroredStrategy would run it; the slow device holds every step back),
+  - HetPipe as the planner configures it (NP allocation: one VW per emulated host, each a
+    2-stage pipeline, N_m = the planner's default) at D = 0, 4, 32, for every
+    --compensations value.
+The cluster is 4 logical CPU devices of this machine on 2 emulated hosts, the last device
+EMULATED at 0.5x (its tasks sleep for the extra time); the rows say so. The clock starts
+when the first minibatch returned (tracing, planning and profiling are left out of every
+row alike) and stops at the epoch end whose validation reached the target; validation
+time is not counted. Wall-clock figures on a shared 2-core machine move by 10-20% between
+runs: read them as ratios within one run.
+
+--mode=gap prints the issue's accuracy table: the digits MLP (64-128-64-64-10, batch 32,
+--epochs 4, the same initial weights and data order), plain Keras against 1 VW x 2 stages
+at N_m = 2 and 2 VWs x 2 stages at N_m = 2, D = 4, per optimizer and compensation.
+
+Tasks: `digits` is scikit-learn's 8x8 digits (load_digits ships inside scikit-learn, no
+download; `pip install -e ".[bench]"`); `spirals` is a generated, harder task: four
+interleaved spirals lifted to 16 features (benchmarks/train.py), with a residual MLP.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import contextlib  # noqa: E402
+import time  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
+
+from benchmarks import _cli  # noqa: E402
+
+OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
+    "momentum": ("SGD", {"learning_rate": 0.05, "momentum": 0.9}),
+    "adam": ("Adam", {"learning_rate": 1e-3}),
+    "adamw": ("AdamW", {"learning_rate": 1e-3, "weight_decay": 1e-4}),
+    "sgd": ("SGD", {"learning_rate": 0.1}),
+}
+COMPENSATIONS = ("none", "predict", "momentum")
+TASKS = ("digits", "spirals")
+SPEED_FACTORS = (1.0, 1.0, 1.0, 0.5)
+HOSTS = 2
+
+_MODE = flags.DEFINE_enum("mode", "time", ["time", "gap"], "time: time to accuracy; gap: "
+                          "accuracy at equal epochs (the issue's table).")
+_QUICK = flags.DEFINE_bool("quick", False, "A few minutes: the digits task only, fewer "
+                           "epochs, D in {0, 4}.")
+_TASKS = flags.DEFINE_list("tasks", list(TASKS), f"Tasks, from {TASKS}.")
+_OPTIMIZERS = flags.DEFINE_list("optimizers", ["momentum", "adam"],
+                                f"Optimizers, from {sorted(OPTIMIZERS)}.")
+_COMPENSATIONS = flags.DEFINE_list("compensations", list(COMPENSATIONS),
+                                   f"Compensations of the HetPipe rows, from {COMPENSATIONS}.")
+_DISTANCES = flags.DEFINE_list("distances", ["0", "4", "32"], "Clock distances D.")
+_EPOCHS = flags.DEFINE_integer("epochs", 0, "Epochs (0: 12 for time, 4 for gap; --quick "
+                               "time: 8).", lower_bound=0)
+_TARGET = flags.DEFINE_float("target", 0.0, "Target validation accuracy (0: 0.95 digits, "
+                             "0.9 spirals).", lower_bound=0.0)
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the initial weights and the data order.")
+
+
+def _check(values, allowed) -> bool:
+    return bool(values) and all(v in allowed for v in values)
+
+
+flags.register_validator("tasks", lambda v: _check(v, TASKS), f"--tasks: from {TASKS}.")
+flags.register_validator("optimizers", lambda v: _check(v, OPTIMIZERS),
+                         f"--optimizers: from {sorted(OPTIMIZERS)}.")
+flags.register_validator("compensations", lambda v: _check(v, COMPENSATIONS),
+                         f"--compensations: from {COMPENSATIONS}.")
+flags.register_validator("distances", lambda v: bool(v) and all(x.isdigit() for x in v),
+                         "--distances: integers >= 0, e.g. 0,4,32.")
+
+
+# --- tasks -------------------------------------------------------------------------------
+def load_task(name: str, seed: int = 0):
+    """(x_train, y_train, x_val, y_val, build_model) of a task."""
+    import numpy as np
+
+    if name == "digits":
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError:
+            raise ValueError("The digits task needs scikit-learn. Received: no sklearn "
+                             "module; pip install -e \".[bench]\".") from None
+        x, y = load_digits(return_X_y=True)
+        x, y = (x / 16.0).astype("float32"), y.astype("int32")
+        order = np.random.RandomState(1234).permutation(len(x))   # a fixed split
+        x, y = x[order], y[order]
+        split = int(0.8 * len(x))
+        return x[:split], y[:split], x[split:], y[split:], digits_mlp
+    from benchmarks.train import make_data
+
+    x, y = make_data(4096, seed=0)
+    xv, yv = make_data(1024, seed=1)
+    return x, y, xv, yv, spiral_mlp
+
+
+def digits_mlp():
+    import keras
+
+    return keras.Sequential([keras.Input((64,), name="pixels"),
+                             keras.layers.Dense(128, activation="relu", name="h1"),
+                             keras.layers.Dense(64, activation="relu", name="h2"),
+                             keras.layers.Dense(64, activation="relu", name="h3"),
+                             keras.layers.Dense(10, activation="softmax", name="digits")],
+                            name="digits_mlp")
+
+
+def spiral_mlp():
+    from benchmarks.train import build_model
+
+    return build_model(width=64, depth=3)
+
+
+def make_optimizer(name: str):
+    import keras
+
+    cls, kwargs = OPTIMIZERS[name]
+    return getattr(keras.optimizers, cls)(**kwargs)
+
+
+# --- one training -------------------------------------------------------------------------
+class _Clock:
+    """Keras callback: training seconds (validation excluded) from the first minibatch's
+    return, and the validation accuracy at every epoch end."""
+
+    def __new__(cls):
+        import keras
+
+        class Clock(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.start = None
+                self.train_s = 0.0
+                self.epoch_t0 = None
+                self.history = []   # (cumulative training seconds, val accuracy)
+
+            def on_train_batch_end(self, batch, logs=None):
+                if self.start is None:
+                    self.start = self.epoch_t0 = time.perf_counter()
+
+            def on_epoch_begin(self, epoch, logs=None):
+                if self.start is not None:
+                    self.epoch_t0 = time.perf_counter()
+
+            def on_test_begin(self, logs=None):
+                if self.epoch_t0 is not None:   # fit's validation: stop the epoch's clock
+                    self.train_s += time.perf_counter() - self.epoch_t0
+                    self.epoch_t0 = None
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.history.append((self.train_s, float((logs or {}).get("val_accuracy",
+                                                                          0.0))))
+        return Clock()
+
+
+def train(task, opt: str, weights0, epochs: int, strategy=None, seed: int = 0) -> dict:
+    import tensorflow as tf
+
+    x, y, xv, yv, build = task
+    ds = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed)
+          .batch(_BATCH.value, drop_remainder=True))
+    val = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(256)
+    clock = _Clock()
+    row: dict = {}
+    try:
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            model = build()
+            model.compile(make_optimizer(opt), "sparse_categorical_crossentropy",
+                          metrics=["accuracy"])
+        model.set_weights(weights0)
+        model.fit(ds, validation_data=val, epochs=epochs, verbose=0, callbacks=[clock])
+        row["history"] = clock.history
+        if strategy is not None:
+            row["n_m"] = strategy.extended.n_m
+            row["stages"] = [p.num_stages for p in strategy.plans]
+            coord = strategy.coordinator(model)
+            if coord is not None:
+                row["spread"] = coord.servers.max_clock_distance
+    finally:
+        if strategy is not None:
+            strategy.close()
+    return row
+
+
+def to_target(history, target):
+    """(seconds, epochs) to the first epoch end at or above target, or (None, None)."""
+    for e, (s, acc) in enumerate(history, start=1):
+        if acc >= target:
+            return s, e
+    return None, None
+
+
+# --- settings ----------------------------------------------------------------------------
+def time_settings(cluster, devices, distances, compensations):
+    """(label, make strategy or None) of the time table."""
+    from hetpipe_tf import HetPipeStrategy
+    from hetpipe_tf.strategy import even_plan
+
+    def sync_dp(model_fn):
+        probe = model_fn()
+        plans = [even_plan(probe, [d], n_m=1, speed_factors=[f])
+                 for d, f in zip(devices, SPEED_FACTORS)]
+        return HetPipeStrategy(plan=plans, clock_distance=0)
+
+    out = [("plain Keras, 1 device (reference)", None),
+           ("sync DP 4 VWs x 1 stage, N_m=1, D=0", sync_dp)]
+    for d in distances:
+        for c in compensations:
+            out.append((f"HetPipe NP 2 VWs (planner), D={d}, {c}",
+                        lambda _m, d=d, c=c: HetPipeStrategy(
+                            cluster, allocation="NP", num_virtual_workers=2,
+                            clock_distance=d, compensation=c)))
+    return out
+
+
+def gap_settings(devices, compensations):
+    from hetpipe_tf import HetPipeStrategy
+    from hetpipe_tf.strategy import even_plan
+
+    out = [("plain Keras", None)]
+    for c in compensations:
+        out.append((f"1 VW x 2 stages, N_m=2, {c}",
+                    lambda m, c=c: HetPipeStrategy(plan=even_plan(m(), devices[:2], n_m=2),
+                                                   compensation=c)))
+        out.append((f"2 VWs x 2 stages, N_m=2, D=4, {c}",
+                    lambda m, c=c: HetPipeStrategy(
+                        plan=[even_plan(m(), devices[w * 2:w * 2 + 2], n_m=2)
+                              for w in range(2)], clock_distance=4, compensation=c)))
+    return out
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.ERROR)
+    from hetpipe_tf.cluster.local import configure_logical_devices
+    from hetpipe_tf.cluster.spec import Cluster
+
+    devices = configure_logical_devices(len(SPEED_FACTORS))[:len(SPEED_FACTORS)]
+    import keras
+
+    gap = _MODE.value == "gap"
+    tasks = ["digits"] if (_QUICK.value or gap) else _TASKS.value
+    distances = [int(d) for d in _DISTANCES.value]
+    if _QUICK.value:
+        distances = [d for d in distances if d <= 4] or distances[:1]
+    epochs = _EPOCHS.value or (4 if gap else (8 if _QUICK.value else 12))
+    cluster = Cluster.local(["LOCAL_CPU"] * len(SPEED_FACTORS), hosts=HOSTS,
+                            emulated_speed_factors=list(SPEED_FACTORS))
+    print(f"{len(SPEED_FACTORS)} logical CPU devices of this machine on {HOSTS} emulated "
+          f"hosts, speed factors {list(SPEED_FACTORS)} (the last EMULATED at 0.5x: its "
+          f"tasks sleep); batch {_BATCH.value}, {epochs} epochs, seed {_SEED.value}.")
+    for task_name in tasks:
+        task = load_task(task_name)
+        target = _TARGET.value or (0.95 if task_name == "digits" else 0.9)
+        keras.utils.set_random_seed(_SEED.value)
+        weights0 = task[4]().get_weights()
+        settings = (gap_settings(devices, _COMPENSATIONS.value) if gap else
+                    time_settings(cluster, devices, distances, _COMPENSATIONS.value))
+        for opt in _OPTIMIZERS.value:
+            print(f"\n{task_name}: {len(task[0])} train / {len(task[2])} validation "
+                  f"examples; optimizer {opt} {OPTIMIZERS[opt]}"
+                  + ("" if gap else f"; target accuracy {target}"))
+            rows = [("setting", "final acc", "gap") if gap else
+                    ("setting", "N_m", "s to target", "epochs", "final acc", "speed-up vs "
+                     "sync DP")]
+            ref_acc, sync_s = None, None
+            for label, make in settings:
+                t0 = time.perf_counter()
+                try:
+                    r = train(task, opt, weights0, epochs,
+                              None if make is None else make(task[4]), _SEED.value)
+                except Exception as e:  # noqa: BLE001 - printed in its row
+                    rows.append((label, f"FAILED {type(e).__name__}: {str(e)[:90]}",
+                                 *[""] * (len(rows[0]) - 2)))
+                    continue
+                acc = r["history"][-1][1]
+                if ref_acc is None:
+                    ref_acc = acc
+                if gap:
+                    rows.append((label, f"{acc:.3f}", f"{acc - ref_acc:+.3f}"))
+                else:
+                    s, e = to_target(r["history"], target)
+                    if label.startswith("sync DP"):
+                        sync_s = s
+                    speed = (f"{sync_s / s:.2f}x" if s and sync_s and "HetPipe" in label
+                             else "")
+                    rows.append((label, str(r.get("n_m", "-")), _fmt(s, ".1f"),
+                                 _fmt(e, "d"), f"{acc:.3f}", speed))
+                logging.info("%s took %.0f s", label, time.perf_counter() - t0)
+                print(f"  done: {label} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(_cli.markdown_table(rows), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    _cli.run(main)

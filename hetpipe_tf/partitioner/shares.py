@@ -156,7 +156,7 @@ def _check_fits(batch_size: int, speeds: Sequence[DeviceSpeed]) -> None:
     short = [s for s in speeds if s.max_samples is not None and s.max_samples < 1]
     if short:
         raise ShareError(
-            "A device's memory holds the model but no sample of it. Received: "
+            "A device's memory has no room for a sample after the model's weights. Received: "
             f"{', '.join(s.name for s in short)} with max_samples=0; leave it out of the "
             "devices, or use a smaller model.")
     caps = [s.max_samples for s in speeds]

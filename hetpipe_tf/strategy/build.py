@@ -29,6 +29,7 @@ from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy import training_state
+from hetpipe_tf.strategy.hetseq import DataParallel, build_hetseq
 from hetpipe_tf.strategy.compensation import optimizer_adjustment, predictor_factory
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
                                             check_plans)
@@ -83,7 +84,8 @@ def build_training(extended, model, data) -> Training:
     check_model(model, strategy)
     frame = sys._getframe(1)
     batch_size = check_batch(data, lambda: _keras_shim.fit_batch_size(frame))
-    if not extended.plans:
+    hetseq = extended.data_parallel is DataParallel.HETSEQ   # shares, no plans
+    if not extended.plans and not hetseq:
         with tf.init_scope():  # we are inside Keras' train-function trace: plan eagerly
             if extended._plan_fn is not None:
                 got = extended._plan_fn(model)
@@ -100,7 +102,7 @@ def build_training(extended, model, data) -> Training:
     for p in extended.plans:
         check_plan(p, program, model, batch_size)
     training_state.check_optimizer(model.optimizer,
-                                   max(p.num_stages for p in extended.plans))
+                                   max((p.num_stages for p in extended.plans), default=1))
     extended.guard_model(model)   # before the build: its slots go to the host
     with tf.init_scope():
         training_state.build_canonical(model)
@@ -118,7 +120,9 @@ def build_training(extended, model, data) -> Training:
 
     adjust = optimizer_adjustment(extended.compensation, extended.n_m)
     predictor = predictor_factory(extended.compensation, extended.n_m)
-    if len(extended.plans) == 1:
+    if hetseq:
+        runtime = build_hetseq(extended, model, program, batch_size, update_metrics, strategy)
+    elif len(extended.plans) == 1:
         stages = Stage.for_plan(extended.plans[0], program, model)
         states = training_state.OptimizerStates(model, strategy, 1, adjust=adjust)
         with tf.init_scope():

@@ -38,6 +38,9 @@ from hetpipe_tf.strategy.validation import (check_batch_fits, check_n_m, check_p
 
 
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
+    data_parallel = None   # a strategy.hetseq.DataParallel, set by HetPipeStrategy
+    shares = None          # HetSeq shares given by hand (tuple of ints) or None
+
     def __init__(self, container, cluster, plan, n_m, max_m, clock_distance=0,
                  placement="default", ps_hosts=None, allocation=None,
                  num_virtual_workers=None, fresh_pulls=True, in_graph=True,

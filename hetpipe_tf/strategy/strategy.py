@@ -17,6 +17,8 @@ from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.strategy.compensation import Compensation
 from hetpipe_tf.strategy.extended import HetPipeExtended
+from hetpipe_tf.strategy.hetseq import DataParallel
+from hetpipe_tf.strategy.hetseq import check_arguments as check_hetseq_arguments
 
 
 class HetPipeStrategy(tf.distribute.Strategy):
@@ -57,17 +59,29 @@ class HetPipeStrategy(tf.distribute.Strategy):
         minibatch at its weight version moved ahead by the local updates it misses;
         `Compensation.MOMENTUM` lowers the stage optimizers' momentum by the momentum that
         staleness implies. A Compensation or its name.
+      data_parallel: `DataParallel.WSP` (or "wsp"): the layouts above. `DataParallel.HETSEQ`
+        (or "hetseq"): every device of `cluster` holds the whole model and takes a share of
+        each batch by its speed, one synchronous update per batch (docs/hetseq.md).
+      shares: HetSeq only: each device's share of the batch, by hand (cluster order; must
+        sum to the batch size); None = chosen from the profile at the first fit.
     """
 
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
                  max_m: int | None = None, clock_distance: int = 0,
                  placement: str = "default", ps_hosts=None, allocation=None,
                  num_virtual_workers: int | None = None, fresh_pulls: bool = True,
-                 in_graph: bool = True, compensation: Compensation | str = Compensation.NONE):
-        super().__init__(HetPipeExtended(self, cluster, plan, n_m, max_m, clock_distance,
-                                         placement, ps_hosts, allocation,
-                                         num_virtual_workers, fresh_pulls, in_graph,
-                                         compensation))
+                 in_graph: bool = True, compensation: Compensation | str = Compensation.NONE,
+                 data_parallel: DataParallel | str = DataParallel.WSP, shares=None):
+        extended = HetPipeExtended(self, cluster, plan, n_m, max_m, clock_distance,
+                                   placement, ps_hosts, allocation,
+                                   num_virtual_workers, fresh_pulls, in_graph,
+                                   compensation)
+        extended.data_parallel = DataParallel.parse(data_parallel)
+        extended.shares = check_hetseq_arguments(
+            extended.data_parallel, shares, plans=extended.plans, plan_fn=extended._plan_fn,
+            allocation=extended.allocation, clock_distance=clock_distance, n_m=n_m,
+            has_cluster=extended._cluster_or_none() is not None)
+        super().__init__(extended)
 
     @property
     def plan(self):

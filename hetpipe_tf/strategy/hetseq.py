@@ -1,0 +1,141 @@
+"""The strategy's HetSeq mode: `HetPipeStrategy(cluster, data_parallel="hetseq")`.
+
+Every device of the cluster holds the whole model and takes a share of each batch by its
+speed (docs/hetseq.md): the shares are chosen at the first fit from the model's profile at
+the planned batch size (device types present here measured, the others estimated; times /
+the emulated speed factor) within each device's memory (`partitioner/shares.py`), or given
+by hand (`shares=[...]`, checked against the batch size and the devices' memory). The
+executor is `hetpipe_tf.ps.hetseq.HetSeqExecutor`: one synchronous step per batch, equal to
+one step of the model's optimizer on the whole batch.
+
+Refused before training: HetSeq with a plan or an allocation (it forms its own layout),
+with clock_distance > 0 or n_m > 1 (synchronous only; bounded staleness between unequal
+devices is the WSP mode's: several virtual workers, a faster one taking more minibatches),
+without a cluster; shares given by hand that are not ints >= 1, that do not sum to the
+planned batch size, or exceed a device's memory; a global batch smaller than the number
+of devices. A later batch larger than the planned one is refused (as in every layout); a
+smaller one (an epoch's remainder, a later fit's smaller batch size) is split in
+proportion to the shares.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import numbers
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from hetpipe_tf.cluster.local import host_cpu_device
+from hetpipe_tf.partitioner.shares import (Shares, choose_shares, given_shares,
+                                           speeds_from_profile, uniform_speeds)
+from hetpipe_tf.ps.hetseq import HetSeqExecutor, ShareStage
+from hetpipe_tf.pipeline.weights import StageWeights
+from hetpipe_tf.strategy import training_state
+
+logger = logging.getLogger(__name__)
+
+
+class DataParallel(enum.Enum):
+    """How the strategy does data parallelism over unequal devices."""
+
+    WSP = "wsp"         # virtual workers (pipelines) through parameter servers (HetPipe)
+    HETSEQ = "hetseq"   # every device the whole model, a share of each batch by its speed
+
+    @classmethod
+    def parse(cls, value: "DataParallel | str") -> "DataParallel":
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            for m in cls:
+                if value.lower() == m.value:
+                    return m
+        raise ValueError(f"Unknown data_parallel mode. Received: data_parallel={value!r}; use "
+                         f"one of {[m.value for m in cls]} (or hetpipe_tf.DataParallel).")
+
+
+def check_arguments(mode: DataParallel, shares: Any, *, plans: tuple, plan_fn: Any,
+                    allocation: Any, clock_distance: int, n_m: int | None,
+                    has_cluster: bool) -> tuple[int, ...] | None:
+    """The strategy's HetSeq arguments, refused before training (module docstring).
+    Returns the hand-given shares as a tuple of ints, or None."""
+    if mode is not DataParallel.HETSEQ:
+        if shares is not None:
+            raise ValueError("shares are the HetSeq mode's per-device batch sizes. Received: "
+                             f"shares={shares!r} with data_parallel={mode.value!r}; pass "
+                             "data_parallel='hetseq' too, or drop shares.")
+        return None
+    if plans or plan_fn is not None or allocation is not None:
+        raise ValueError("HetSeq gives every device the whole model, so it takes no plan and "
+                         "no allocation. Received: data_parallel='hetseq' with a "
+                         f"{'plan' if plans or plan_fn is not None else 'allocation'}; pass "
+                         "only the cluster (and shares, if chosen by hand).")
+    if clock_distance != 0:
+        raise ValueError(
+            "HetSeq mode is synchronous (every step is one step on the whole batch). "
+            f"Received: clock_distance={clock_distance}; use clock_distance=0, or "
+            "data_parallel='wsp' with one-stage virtual workers for bounded staleness.")
+    if n_m not in (None, 1):
+        raise ValueError("HetSeq mode has one batch in flight. Received: n_m="
+                         f"{n_m}; leave n_m unset.")
+    if not has_cluster:
+        raise ValueError("HetSeq mode needs the cluster's devices. Received: cluster=None and "
+                         "no TF_CONFIG; pass a hetpipe_tf Cluster (e.g. Cluster.local).")
+    if shares is None:
+        return None
+    if isinstance(shares, (str, bytes)) or not isinstance(shares, Sequence) or not shares:
+        raise ValueError(f"shares must be a list of per-device batch sizes. Received: "
+                         f"shares={shares!r}; pass e.g. shares=[16, 16, 16, 8].")
+    for n in shares:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"Every share must be an int >= 1. Received: shares="
+                             f"{list(shares)!r}; give every device at least one sample.")
+    return tuple(int(n) for n in shares)
+
+
+def plan_shares(model, cluster, batch_size: int, given: tuple[int, ...] | None) -> Shares:
+    """The devices' shares of `batch_size` (module docstring)."""
+    from hetpipe_tf.partitioner.layer_graph import LayerGraph
+    from hetpipe_tf.partitioner.planner import measurable_devices
+    from hetpipe_tf.partitioner.profile import profile_model
+
+    devices = cluster.devices
+    if given is not None and len(given) != len(devices):
+        raise ValueError(f"Shares given by hand need one size per device of the cluster. "
+                         f"Received: shares={list(given)} for {len(devices)} devices "
+                         f"({', '.join(d.name for d in devices)}).")
+    if batch_size < len(devices):   # refused before profiling
+        choose_shares(batch_size, uniform_speeds([d.name for d in devices]))
+    types = sorted({d.type_name for d in devices})
+    # Times are needed only to choose the shares; memory always (estimated is enough).
+    profile = profile_model(LayerGraph.from_model(model), batch_size, types,
+                            measure_on=measurable_devices(devices) if given is None else {})
+    # Devices hold weights and gradients; the one optimizer keeps its slots on the host.
+    speeds = speeds_from_profile(profile, devices, cluster)
+    if given is not None:
+        return given_shares(given, speeds, batch_size)
+    return choose_shares(batch_size, speeds)
+
+
+def build_hetseq(extended, model, program, batch_size: int, update_metrics, strategy):
+    """The HetSeq executor of `model` over the cluster's devices (module docstring)."""
+    from hetpipe_tf.strategy.planning import resolve_cluster
+
+    cluster = resolve_cluster(extended._cluster_arg)
+    with tf.init_scope():
+        shares = plan_shares(model, cluster, batch_size, extended.shares)
+    message = shares.table()
+    logger.info("HetSeq for %s:\n%s", model.name, message)
+    print(message)   # the issue asks the shares and why to be printed, not only logged
+    stages = [ShareStage(program, d.tf_device, d.emulated_speed_factor, model)
+              for d in cluster.devices]
+    states = training_state.OptimizerStates(model, strategy, 1)
+    with tf.init_scope():
+        own = [stages[0].trainable]
+        (optimizer,) = states.for_virtual_worker(own, own)
+    # No plan: the strategy created the model's variables on the host; updates run there.
+    weights = StageWeights(host_cpu_device(), stages[0].trainable, stages[0].versioned_nt, optimizer, 1,
+                           counter=model.optimizer.iterations)
+    return HetSeqExecutor(stages, weights, shares, update_metrics,
+                          on_run_start=states.seed, on_run_end=states.merge)

@@ -1,0 +1,112 @@
+"""HetSeq mode: a synchronous step over unequal shares equals one step of plain Keras on
+the concatenated batch on one device (weights, optimizer state, loss and metrics)."""
+
+import keras
+import numpy as np
+import pytest
+
+from hetpipe_tf.cluster.spec import Cluster
+from hetpipe_tf.strategy import HetPipeStrategy
+from tests.strategy.helpers import assert_weights_close, regression_data, skip_model
+
+SPEEDS = [1.0, 1.0, 1.0, 0.5]
+
+
+def _cluster(speeds=SPEEDS):
+    return Cluster.local(["LOCAL_CPU"] * len(speeds), emulated_speed_factors=speeds)
+
+
+def _classifier(seed=0, name="clf"):
+    init = keras.initializers.GlorotUniform(seed=seed)
+    inp = keras.Input((8,), name="x")
+    h = keras.layers.Dense(16, activation="tanh", kernel_initializer=init, name="h",
+                           kernel_regularizer=keras.regularizers.L2(1e-3))(inp)
+    h = keras.layers.Dense(16, activation="relu", kernel_initializer=init, name="h2",
+                           activity_regularizer=keras.regularizers.L1(1e-3))(h)
+    out = keras.layers.Dense(3, activation="softmax", kernel_initializer=init, name="out")(h)
+    return keras.Model(inp, out, name=name)
+
+
+def _both(build, optimizer, loss, metrics, fit_kwargs, shares=None, speeds=SPEEDS):
+    """(strategy, hetseq model, its history, reference model, its history)."""
+    strategy = HetPipeStrategy(_cluster(speeds), data_parallel="hetseq", shares=shares)
+    with strategy.scope():
+        model = build()
+        model.compile(optimizer(), loss, metrics=metrics)
+    ref = build()
+    ref.compile(optimizer(), loss, metrics=metrics)
+    ref.set_weights(model.get_weights())
+    h = model.fit(shuffle=False, verbose=0, **fit_kwargs)
+    r = ref.fit(shuffle=False, verbose=0, **fit_kwargs)
+    return strategy, model, h.history, ref, r.history
+
+
+def _same_history(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("opt", [lambda: keras.optimizers.SGD(0.05),
+                                 lambda: keras.optimizers.Adam(0.01)],
+                         ids=["sgd", "adam"])
+def test_a_step_over_unequal_shares_is_one_step_on_the_whole_batch(opt):
+    x, y = regression_data(60, 0)   # 60 = 5 batches of 12, split [5, 3, 2, 2]
+    strategy, model, h, ref, r = _both(lambda: skip_model(0), opt, "mse", ["mae"],
+                                       dict(x=x, y=y, batch_size=12, epochs=2),
+                                       shares=[5, 3, 2, 2])
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    assert_weights_close(model.optimizer.variables, [v.numpy() for v in ref.optimizer.variables])
+    _same_history(h, r)
+    ex = strategy.extended.pipelines[id(model)].executor
+    assert ex.completed == 10 and set(ex.splits) == {(5, 3, 2, 2)}
+    strategy.close()
+
+
+def test_sample_weights_class_weights_regularizers_and_metrics():
+    rs = np.random.RandomState(1)
+    x = rs.randn(48, 8).astype("float32")
+    y = rs.randint(0, 3, size=(48,))
+    sw = rs.uniform(0.1, 2.0, size=(48,)).astype("float32")
+    metrics = ["accuracy"]
+    opt = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    strategy, model, h, ref, r = _both(_classifier, opt, "sparse_categorical_crossentropy",
+                                       metrics, dict(x=x, y=y, sample_weight=sw,
+                                                     batch_size=16, epochs=2),
+                                       shares=[7, 4, 3, 2])
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    _same_history(h, r)
+    strategy.close()
+    strategy, model, h, ref, r = _both(_classifier, opt, "sparse_categorical_crossentropy",
+                                       metrics, dict(x=x, y=y, class_weight={0: 0.5, 1: 2.0,
+                                                                             2: 1.0},
+                                                     batch_size=16, epochs=1),
+                                       shares=[7, 4, 3, 2])
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    _same_history(h, r)
+    strategy.close()
+
+
+def test_an_epochs_remainder_batch_is_split_in_proportion_and_trains():
+    x, y = regression_data(30, 0)   # batches of 12, 12, 6
+    strategy, model, h, ref, r = _both(lambda: skip_model(0),
+                                       lambda: keras.optimizers.SGD(0.05), "mse", [],
+                                       dict(x=x, y=y, batch_size=12, epochs=1),
+                                       shares=[5, 3, 2, 2])
+    ex = strategy.extended.pipelines[id(model)].executor
+    assert list(ex.splits) == [(5, 3, 2, 2), (5, 3, 2, 2), (3, 1, 1, 1)]
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    _same_history(h, r)
+    strategy.close()
+
+
+def test_planned_shares_follow_the_emulated_speed():
+    x, y = regression_data(56, 0)
+    strategy, model, h, ref, r = _both(lambda: skip_model(0),
+                                       lambda: keras.optimizers.SGD(0.05), "mse", [],
+                                       dict(x=x, y=y, batch_size=28, epochs=1))
+    sizes = strategy.extended.pipelines[id(model)].executor.shares.sizes
+    assert sum(sizes) == 28 and sizes[3] < min(sizes[:3])
+    assert sizes[3] == pytest.approx(sizes[0] / 2, abs=1)
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    strategy.close()

@@ -24,6 +24,7 @@ _PUBLIC = {
     "Plan": "hetpipe_tf.partitioner.plan",
     "plan_model": "hetpipe_tf.partitioner.planner",
     "HetPipeStrategy": "hetpipe_tf.strategy",
+    "Schedule": "hetpipe_tf.core.sync_schedule",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -160,6 +160,7 @@ class SyncPipelineRuntime(Executor):
         self._actions: dict[int, tuple] = {}
         self._scales: dict[tuple, list] = {}
         self._adders = [_Adder() for _ in self.stages]
+        self._repeatable: set[int] = set()   # stages checked for re-materialization
         self._queues = [queue.Queue() for _ in self.stages]
         self._cond = threading.Condition()
         self.submitted = 0
@@ -386,6 +387,8 @@ class SyncPipelineRuntime(Executor):
                     grads = add(grads, wg)
                     out_grads[m] = ig
                 else:
+                    if self.rematerialize and j not in self._repeatable:
+                        self._check_repeatable(stage, tvals, nvals, inputs)
                     fwd = stage.forward_remat if self.rematerialize else stage.forward
                     outputs, extra, d, saved[m] = fwd(tvals, nvals, inputs)
                     mb.extra[m] = extra if j == 0 else mb.extra[m] + extra
@@ -413,6 +416,19 @@ class SyncPipelineRuntime(Executor):
                 self._applied(mb)
                 return
             self._record(j, mb, a, t0, count)
+
+    def _check_repeatable(self, stage: Stage, tvals, nvals, inputs) -> None:
+        """Refuse re-materialization of a stage whose forward draws from a stateful random
+        generator (its recomputation would not repeat it: silently wrong gradients)."""
+        ops = stage.stateful_random_ops(tvals, nvals, inputs)
+        if ops:
+            raise ValueError(
+                "Re-materialization recomputes a stage's forward in its backward, but stage "
+                f"{stage.index} draws from a stateful random generator, so the recomputation "
+                f"would draw other numbers. Received: ops {ops[:5]}; use Keras' random layers "
+                "or keras.random with a seed / SeedGenerator (repeatable), or "
+                "rematerialize=False.")
+        self._repeatable.add(stage.index)
 
     def _last_task(self, stage: Stage, tvals, nvals, inputs, mb: _Minibatch, m: int, extra):
         y, sw, scale = mb.y[m], mb.sample_weight[m], mb.scales[m]

@@ -28,6 +28,7 @@ from hetpipe_tf.pipeline.program import Program
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
+from hetpipe_tf.strategy import schedules as sync_schedules
 from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.hetseq import DataParallel, build_hetseq
 from hetpipe_tf.strategy.compensation import optimizer_adjustment, predictor_factory
@@ -101,6 +102,8 @@ def build_training(extended, model, data) -> Training:
     program = Program.from_model(model)
     for p in extended.plans:
         check_plan(p, program, model, batch_size)
+    if sync_schedules.synchronous(extended):
+        sync_schedules.check_training(extended, model, batch_size)
     training_state.check_optimizer(model.optimizer,
                                    max((p.num_stages for p in extended.plans), default=1))
     extended.guard_model(model)   # before the build: its slots go to the host
@@ -134,7 +137,11 @@ def build_training(extended, model, data) -> Training:
                          emulated_speed_factor=s.emulated_speed_factor,
                          predictor=predictor(s.device))
             for s, o in zip(stages, optimizers)])
-        if extended.in_graph and runs_in_graph(stages, extended.n_m):
+        if sync_schedules.synchronous(extended):   # GPipe / 1F1B (docs/schedules.md)
+            runtime = sync_schedules.build_runtime(
+                extended, stages, weights, update_metrics, extended.plans[0],
+                on_run_start=states.seed, on_run_end=states.merge)
+        elif extended.in_graph and runs_in_graph(stages, extended.n_m):
             runtime = InGraphRuntime(stages[0], weights, update_metrics,
                                      model.optimizer.iterations, plan=extended.plans[0],
                                      on_run_start=states.seed, on_run_end=states.merge)
@@ -148,6 +155,7 @@ def build_training(extended, model, data) -> Training:
             model, program, extended.plans, extended.n_m, extended.clock_distance, update_metrics,
             cluster=extended._cluster_or_none(), placement=extended.placement,
             ps_hosts=extended.ps_hosts, place_locally=extended.place_locally,
+            make_runtime=sync_schedules.runtime_factory(extended, update_metrics),
             fresh_pulls=extended.fresh_pulls, strategy=strategy, adjust=adjust,
             predictor=predictor)
     extended._runtime_threads.update(runtime.thread_ids)

@@ -15,6 +15,9 @@ import tensorflow as tf
 
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
+from hetpipe_tf.pipeline.sync_runtime import SyncPipelineRuntime
+from hetpipe_tf.core.sync_schedule import Schedule
+from hetpipe_tf.strategy import schedules as sync_schedules
 from hetpipe_tf.strategy.compensation import Compensation
 from hetpipe_tf.strategy.extended import HetPipeExtended
 from hetpipe_tf.strategy.hetseq import DataParallel
@@ -54,6 +57,13 @@ class HetPipeStrategy(tf.distribute.Strategy):
         train step instead of through the runtime's stage thread (the same computation,
         about twice as fast for small steps; its trace has one event per Keras call,
         `pipeline/in_graph.py`). False keeps the threaded runtime for every layout.
+      schedule: `Schedule.HETPIPE` (default: HetPipe's asynchronous pipeline, N_m
+        minibatches in flight), `Schedule.GPIPE` or `Schedule.ONE_F_ONE_B` (synchronous:
+        each minibatch split into `micro_batches` micro-batches, one update per minibatch,
+        equal to one step on the whole minibatch; docs/schedules.md). Not with `n_m`.
+      micro_batches: M, for a synchronous schedule (must divide the batch size).
+      rematerialize: synchronous schedules only: non-last stages keep only their inputs
+        and recompute their forward in the backward (GPipe's re-materialization).
       compensation: staleness compensation (docs/convergence.md): `Compensation.NONE`
         trains by the paper's rules exactly; `Compensation.PREDICT` forwards each
         minibatch at its weight version moved ahead by the local updates it misses;
@@ -67,6 +77,8 @@ class HetPipeStrategy(tf.distribute.Strategy):
     """
 
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
+                 schedule: Schedule = Schedule.HETPIPE, micro_batches: int | None = None,
+                 rematerialize: bool = False,
                  max_m: int | None = None, clock_distance: int = 0,
                  placement: str = "default", ps_hosts=None, allocation=None,
                  num_virtual_workers: int | None = None, fresh_pulls: bool = True,
@@ -82,6 +94,8 @@ class HetPipeStrategy(tf.distribute.Strategy):
             allocation=extended.allocation, clock_distance=clock_distance, n_m=n_m,
             has_cluster=extended._cluster_or_none() is not None)
         super().__init__(extended)
+        sync_schedules.configure(self.extended, schedule, micro_batches, rematerialize,
+                                 n_m)
 
     @property
     def plan(self):
@@ -104,7 +118,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
         """The pipeline runtime of virtual worker `vw` training `model` (records, trace,
         logs); for tests, monitoring and debugging."""
         rt = self.extended.pipelines[id(model)].executor
-        if isinstance(rt, (PipelineRuntime, InGraphRuntime)):
+        if isinstance(rt, (PipelineRuntime, InGraphRuntime, SyncPipelineRuntime)):
             if vw != 0:
                 raise ValueError(f"This strategy has one virtual worker. Received: vw={vw}.")
             return rt
@@ -114,7 +128,8 @@ class HetPipeStrategy(tf.distribute.Strategy):
         """The WSP coordinator (parameter servers, syncs, assignment) of several virtual
         workers training `model`; None with one virtual worker."""
         t = self.extended.pipelines.get(id(model))
-        if t is None or isinstance(t.executor, (PipelineRuntime, InGraphRuntime)):
+        if t is None or isinstance(t.executor, (PipelineRuntime, InGraphRuntime,
+                                                SyncPipelineRuntime)):
             return None
         return t.executor
 

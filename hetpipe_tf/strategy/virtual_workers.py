@@ -77,6 +77,7 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                           placement: PlacementPolicy | str = PlacementPolicy.DEFAULT,
                           ps_hosts: Sequence[str] | None = None,
                           place_locally: Callable[[], Any], fresh_pulls: bool = True,
+                          make_runtime: Callable[..., Any] | None = None,
                           strategy=None, adjust=None,
                           predictor: Callable[[str], Any] = lambda device: None
                           ) -> Coordinator:
@@ -131,9 +132,12 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                 for s, (t, n), o in zip(stages, local_by_stage, optimizers)])
             sync = WaveSync(w, servers, local_flat, n_m, clock_distance,
                             fresh_pulls=fresh_pulls, weights=weights)
-            rt = PipelineRuntime(stages, weights, n_m, update_metrics,
-                                 after_apply=sync.after_apply, update_thread=True,
-                                 metrics_lock=metrics_lock, vw=w, plan=plans[w])
+            # `make_runtime(stages, weights, plan, **kwargs)`: another schedule's executor
+            # (strategy/schedules.py), driven by the same wave sync.
+            make = make_runtime or (lambda st, wt, plan, **kw: PipelineRuntime(
+                st, wt, n_m, update_metrics, plan=plan, **kw))
+            rt = make(stages, weights, plans[w], after_apply=sync.after_apply,
+                      update_thread=True, metrics_lock=metrics_lock, vw=w)
             runtimes.append(rt)
             syncs.append(sync)
     return Coordinator(runtimes, syncs, servers, variables, on_run_start=states.seed,

@@ -4,6 +4,7 @@ staleness compensation (issue 20; docs/convergence.md).
   python -m benchmarks.time_to_accuracy --quick        # a few minutes on 2 cores
   python -m benchmarks.time_to_accuracy                # the whole table
   python -m benchmarks.time_to_accuracy --mode=gap     # accuracy at equal epochs (issue's table)
+  python -m benchmarks.time_to_accuracy --mode=cost    # compensation's cost per minibatch
 
 --mode=time (the default) prints ONE table from one run, per task: wall-clock seconds and
 epochs to --target validation accuracy, and the final accuracy, for
@@ -24,6 +25,11 @@ runs: read them as ratios within one run.
 --mode=gap prints the issue's accuracy table: the digits MLP (64-128-64-64-10, batch 32,
 --epochs 4, the same initial weights and data order), plain Keras against 1 VW x 2 stages
 at N_m = 2 and 2 VWs x 2 stages at N_m = 2, D = 4, per optimizer and compensation.
+
+--mode=cost times one stage's weight bookkeeping per minibatch (take a version, apply an
+update: what the stage thread does besides the forward and backward) on a Dense stack of
+--cost_width x --cost_width layers, at N_m = 2, with each compensation: the difference is
+compensation's cost per minibatch and stage.
 
 Tasks: `digits` is scikit-learn's 8x8 digits (load_digits ships inside scikit-learn, no
 download; `pip install -e ".[bench]"`); `spirals` is a generated, harder task: four
@@ -54,8 +60,12 @@ TASKS = ("digits", "spirals")
 SPEED_FACTORS = (1.0, 1.0, 1.0, 0.5)
 HOSTS = 2
 
-_MODE = flags.DEFINE_enum("mode", "time", ["time", "gap"], "time: time to accuracy; gap: "
-                          "accuracy at equal epochs (the issue's table).")
+_MODE = flags.DEFINE_enum("mode", "time", ["time", "gap", "cost"], "time: time to accuracy; "
+                          "gap: accuracy at equal epochs (the issue's table); cost: "
+                          "compensation's cost per minibatch.")
+_COST_WIDTH = flags.DEFINE_integer("cost_width", 512, "--mode=cost: layer width.",
+                                   lower_bound=1)
+_COST_LAYERS = flags.DEFINE_integer("cost_layers", 4, "--mode=cost: layers.", lower_bound=1)
 _QUICK = flags.DEFINE_bool("quick", False, "A few minutes: the digits task only, fewer "
                            "epochs, D in {0, 4}.")
 _TASKS = flags.DEFINE_list("tasks", list(TASKS), f"Tasks, from {TASKS}.")
@@ -244,6 +254,47 @@ def gap_settings(devices, compensations):
     return out
 
 
+def cost_table(device: str, rounds: int = 300) -> list[tuple[str, ...]]:
+    """ms per minibatch of one stage's take + apply, per compensation (median of 5)."""
+    import numpy as np
+    import keras
+    import tensorflow as tf
+
+    from hetpipe_tf.pipeline.weights import StageWeights
+    from hetpipe_tf.strategy.compensation import (Compensation, optimizer_adjustment,
+                                                  predictor_factory)
+
+    w, k = _COST_WIDTH.value, _COST_LAYERS.value
+    rows = [("compensation", "ms per minibatch", "vs none")]
+    base = None
+    for c in COMPENSATIONS:
+        comp = Compensation.parse(c)
+        with tf.device(device):
+            variables = [keras.Variable(np.random.RandomState(i).randn(w, w).astype("float32")
+                                        * 0.01) for i in range(k)]
+        opt = keras.optimizers.SGD(1e-3, momentum=0.9)
+        opt.build(variables)
+        adjust = optimizer_adjustment(comp, 2)
+        if adjust is not None:
+            adjust(opt)
+        sw = StageWeights(device, variables, [], opt, n_m=2,
+                          predictor=predictor_factory(comp, 2)(device))
+        grads = [tf.ones((w, w)) * 1e-3 for _ in range(k)]
+        sw.start_run(1, 0)
+        times = []
+        for r in range(5):
+            q0 = sw.applied
+            t0 = time.perf_counter()
+            for q in range(q0 + 1, q0 + rounds + 1):
+                sw.take(q + 1)           # minibatch q + 1's version (missing update q)
+                sw.apply(q, grads, [])   # w_local += u_q, version of q + 2
+            times.append((time.perf_counter() - t0) / rounds * 1e3)
+        ms = float(np.median(times))
+        base = base or ms
+        rows.append((c, f"{ms:.3f}", f"{ms / base:.2f}x"))
+    return rows
+
+
 def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
@@ -258,6 +309,12 @@ def main(argv: list[str]) -> int:
     devices = configure_logical_devices(len(SPEED_FACTORS))[:len(SPEED_FACTORS)]
     import keras
 
+    if _MODE.value == "cost":
+        print(f"One stage's take + apply per minibatch on {devices[0]}: "
+              f"{_COST_LAYERS.value} x ({_COST_WIDTH.value} x {_COST_WIDTH.value}) float32 "
+              "weights, SGD momentum 0.9, N_m = 2 (median of 5 x 300 minibatches).")
+        print(_cli.markdown_table(cost_table(devices[0])))
+        return 0
     gap = _MODE.value == "gap"
     tasks = ["digits"] if (_QUICK.value or gap) else _TASKS.value
     distances = [int(d) for d in _DISTANCES.value]

@@ -52,7 +52,7 @@ class DataParallel(enum.Enum):
                 if value.lower() == m.value:
                     return m
         raise ValueError(f"Unknown data_parallel mode. Received: data_parallel={value!r}; use "
-                         f"one of {[m.value for m in cls]} (or hetpipe_tf.DataParallel).")
+                         f"one of {[m.value for m in cls]} or a DataParallel.")
 
 
 def check_arguments(mode: DataParallel, shares: Any, *, plans: tuple, plan_fn: Any,
@@ -125,9 +125,7 @@ def build_hetseq(extended, model, program, batch_size: int, update_metrics, stra
     cluster = resolve_cluster(extended._cluster_arg)
     with tf.init_scope():
         shares = plan_shares(model, cluster, batch_size, extended.shares)
-    message = shares.table()
-    logger.info("HetSeq for %s:\n%s", model.name, message)
-    print(message)   # the issue asks the shares and why to be printed, not only logged
+    print(f"HetSeq for {model.name}: {shares.table()}")   # the shares chosen and why
     stages = [ShareStage(program, d.tf_device, d.emulated_speed_factor, model)
               for d in cluster.devices]
     states = training_state.OptimizerStates(model, strategy, 1)

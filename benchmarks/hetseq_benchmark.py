@@ -1,0 +1,172 @@
+r"""HetSeq mode on logical CPU devices, one of them EMULATED slower: samples/s of shares by
+speed against equal shares and against MirroredStrategy, in one run.
+
+  python -m benchmarks.hetseq_benchmark            # small_cnn, 4 devices, the last at 0.5x
+  python -m benchmarks.hetseq_benchmark --model=mlp --input_size=512 --batch_size=2048
+
+Rows (each a warm-up fit, then --steps timed minibatches of --batch_size, repeated
+--repeats times, interleaved; the best of each is printed):
+
+1. HetSeq, shares by speed: `HetPipeStrategy(cluster, data_parallel="hetseq")` on devices
+   EMULATED at --base_speed x --speed_factors (a device at f < 1 sleeps (1/f - 1) x its
+   task's time after each task). The planner profiles the model and prints the shares it
+   chose. Why a base slowdown: the 4 logical devices share this machine's 2 cores, so at
+   real speed the fast devices' extra work competes for the cores the slow one leaves
+   free, and emulating "half as fast" means nothing; at base_speed 0.25 every device
+   computes a quarter of the time and they stop competing (docs/hetseq.md).
+2. HetSeq, equal shares: the same executor and emulation, shares=[N/K] * K. Row 1 / row 2
+   is what choosing shares by speed buys (the issue's goal: >= 1.3x at 0.5x).
+3. HetSeq, equal shares, every device at the base speed: the cluster without the slow
+   device (what the shares by speed can at best approach: 3.5 / 4 of it).
+4. HetSeq, equal shares, every device at real speed (factors 1).
+5. tf.distribute.MirroredStrategy on the same logical devices, equal split, at real speed:
+   TensorFlow cannot be told to slow one replica down, so it is compared with row 4 (same
+   devices, same speed, same equal split: the two executors' own costs), and on the
+   emulated cluster it is ESTIMATED as row 2 x (row 5 / row 4): an equal split waits for
+   the slow device whoever runs it.
+
+The logical devices share this machine's cores (2 here), so K devices computing at once
+do not run K times faster than one: the ratios, not absolute figures, carry over.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import time  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+
+from benchmarks._cli import run  # noqa: E402
+from hetpipe_tf import models  # noqa: E402
+
+_MODEL = flags.DEFINE_enum("model", "small_cnn", models.MODEL_NAMES, "Model.")
+_INPUT_SIZE = flags.DEFINE_integer("input_size", 0, "Features of mlp / image side; 0 = the "
+                                   "model's default.", lower_bound=0)
+_NUM_CLASSES = flags.DEFINE_integer("num_classes", 10, "Output classes.", lower_bound=2)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Global batch size.", lower_bound=1)
+_SPEED = flags.DEFINE_list("speed_factors", ["1", "1", "1", "0.5"],
+                           "EMULATED speed factor per logical CPU device (1 = real speed).")
+_BASE = flags.DEFINE_float(
+    "base_speed", 0.25, "Every device's EMULATED speed is base_speed x its --speed_factors "
+    "entry: the logical devices share this machine's cores, and below about cores/devices "
+    "they stop competing for them, so each behaves as a device of its own (1 = no base "
+    "slowdown).", lower_bound=0.01, upper_bound=1.0)
+_STEPS = flags.DEFINE_integer("steps", 30, "Timed minibatches per fit.", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed fits per row (best kept).",
+                                lower_bound=1)
+
+
+@flags.validator("speed_factors", message="--speed_factors must be numbers in (0, 1].")
+def _check_speed(values: list[str]) -> bool:
+    try:
+        return all(0 < float(v) <= 1 for v in values)
+    except ValueError:
+        return False
+
+
+def _model():
+    return models.build_model(_MODEL.value, input_size=_INPUT_SIZE.value or None,
+                              num_classes=_NUM_CLASSES.value)
+
+
+def _dataset(tf, model):
+    shape = tuple(model.inputs[0].shape[1:])
+    n = _BATCH_SIZE.value * 4
+    x = tf.random.stateless_normal((n, *shape), seed=(1, 2))
+    y = tf.random.stateless_uniform((n,), seed=(3, 4), maxval=_NUM_CLASSES.value,
+                                    dtype=tf.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        _BATCH_SIZE.value, drop_remainder=True).repeat()
+
+
+def _compiled(keras, scope):
+    with scope:
+        model = _model()
+        model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+    return model
+
+
+def _timed(model, ds) -> float:
+    start = time.perf_counter()
+    model.fit(ds, epochs=1, steps_per_epoch=_STEPS.value, verbose=0)
+    return _STEPS.value * _BATCH_SIZE.value / (time.perf_counter() - start)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected positional arguments. Received: {argv[1:]}.")
+    relative = [float(v) for v in _SPEED.value]
+    factors = [_BASE.value * f for f in relative]
+    k = len(factors)
+    if _BATCH_SIZE.value % k:
+        raise app.UsageError(
+            "Equal shares and MirroredStrategy split the batch evenly over the devices. "
+            f"Received: --batch_size={_BATCH_SIZE.value} for {k} devices; use a multiple of "
+            f"{k}.")
+    from hetpipe_tf.cluster.local import configure_logical_devices
+    configure_logical_devices(k)
+    import keras
+    import tensorflow as tf
+
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.strategy import HetPipeStrategy
+
+    emulated = Cluster.local(["LOCAL_CPU"] * k, emulated_speed_factors=factors)
+    real = Cluster.local(["LOCAL_CPU"] * k)   # every device at real speed
+    print(emulated.describe())
+    equal = [_BATCH_SIZE.value // k] * k
+    tf.get_logger().setLevel("ERROR")   # MirroredStrategy logs every reduction at INFO
+    rows = {
+        "HetSeq, shares by speed (emulated)": HetPipeStrategy(emulated, data_parallel="hetseq"),
+        "HetSeq, equal shares (emulated)": HetPipeStrategy(emulated, data_parallel="hetseq",
+                                                           shares=equal),
+        "HetSeq, equal shares (emulated, none slower)": HetPipeStrategy(
+            Cluster.local(["LOCAL_CPU"] * k, emulated_speed_factors=[_BASE.value] * k),
+            data_parallel="hetseq", shares=equal),
+        "HetSeq, equal shares, all at real speed": HetPipeStrategy(
+            real, data_parallel="hetseq", shares=equal),
+        "MirroredStrategy, all at real speed": tf.distribute.MirroredStrategy(
+            [d.tf_device for d in real.devices]),
+    }
+    fitted = {}
+    for name, strategy in rows.items():
+        model = _compiled(keras, strategy.scope())
+        ds = _dataset(tf, model)
+        print(f"\n{name}: warm-up")
+        model.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)   # tracing, shares printed
+        fitted[name] = (model, ds)
+    best = {name: 0.0 for name in rows}
+    for _ in range(_REPEATS.value):   # interleaved, so drifts of the machine hit every row
+        for name, (model, ds) in fitted.items():
+            best[name] = max(best[name], _timed(model, ds))
+    by_speed = rows["HetSeq, shares by speed (emulated)"]
+    model = fitted["HetSeq, shares by speed (emulated)"][0]
+    shares = by_speed.extended.pipelines[id(model)].executor.shares
+    print(f"\n{_MODEL.value}, global batch {_BATCH_SIZE.value}, {k} logical CPU devices, "
+          f"relative speeds {relative}, EMULATED speed factors {factors} (base "
+          f"{_BASE.value:g}), best of {_REPEATS.value} x {_STEPS.value} steps:")
+    print(f"shares chosen by speed: {list(shares.sizes)} (equal: {equal})")
+    for name, v in best.items():
+        print(f"  {name:46} {v:9.1f} samples/s")
+    a, b = best["HetSeq, shares by speed (emulated)"], best["HetSeq, equal shares (emulated)"]
+    ideal = best["HetSeq, equal shares (emulated, none slower)"]
+    c = best["HetSeq, equal shares, all at real speed"]
+    m = best["MirroredStrategy, all at real speed"]
+    print(f"shares by speed / equal shares, emulated: {a / b:.2f}x (goal >= 1.3x; the "
+          f"devices' speeds bound it by {sum(relative) / (k * min(relative)):.2f}x); "
+          f"of the cluster without the slow device: {a / ideal:.2f}")
+    print(f"HetSeq / MirroredStrategy, both equal shares, every device at real speed: "
+          f"{c / m:.2f}x")
+    print(f"HetSeq by speed (emulated) / MirroredStrategy on the emulated cluster, estimated "
+          f"as HetSeq's equal shares there x (MirroredStrategy / HetSeq at real speed): "
+          f"{(a / b) * (c / m):.2f}x")
+    for s in rows.values():
+        if isinstance(s, HetPipeStrategy):
+            s.close()
+
+
+if __name__ == "__main__":
+    run(main)

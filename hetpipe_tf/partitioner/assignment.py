@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.optimize import Bounds
 
-from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
+from hetpipe_tf.partitioner.cost import CostModel
 from hetpipe_tf.partitioner import milp as _m
 
 
@@ -65,8 +65,8 @@ def solve_assignment(cm: CostModel, devices: Sequence[Any], opts: "_m.SolverOpti
     big_c = max(float(r.max(initial=0.0)) for r in recv.values()) + 1.0
     big_t = worst_compute + 2 * big_c + 1.0
     for j in range(k):
-        held = held_minibatches(j, k, cm.n_m)
-        cols, vals, const = _m._stage_terms(cm, devices, j, cm.prefix_memory(held))
+        held = cm.input_factor(j, k)
+        cols, vals, const = _m._stage_terms(cm, devices, j, cm.position_memory(j, k))
         if j > 0:
             cols = np.concatenate([cols, _m._cut_vars(j - 1, n)])
             vals = np.concatenate([vals, held * cm.cut_bytes])

@@ -24,6 +24,17 @@ bottleneck):
       there until its task takes them; benchmarks/memory_benchmark.py, docs/memory.md)
     + held x (activations kept for backward + the received input activations).
 Usable memory is the device's memory times `usable_fraction` (framework workspace).
+
+Synchronous schedules (`sync=SyncMemory(...)`, core/sync_schedule.py; N_m = 1, so no
+stashed versions): a minibatch of M micro-batches, each 1/M of the profiled activations;
+the stage at position j holds `SyncMemory.held(j, K)` micro-batches at once (GPipe: M;
+1F1B: min(K - j, M)):
+    weights + gradients + optimizer slots + the gradient accumulator (M > 1)
+    + held/M x the received input activations (the last stage: the input gradients it
+      keeps until its backward actions send them)
+    + activations: held/M x the stage's activations; with re-materialization (and on the
+      last stage, whose forward and backward run as one task) one micro-batch's working
+      set, 1/M of them.
 """
 
 from __future__ import annotations
@@ -68,6 +79,32 @@ def optimizer_slots(optimizer: Any) -> int:
     return _SLOTS_BY_OPTIMIZER[name] + extra
 
 
+@dataclasses.dataclass(frozen=True)
+class SyncMemory:
+    """What a stage holds under a synchronous schedule (module docstring)."""
+
+    micro_batches: int
+    one_f_one_b: bool = False     # False: GPipe (every micro-batch held at once)
+    rematerialize: bool = False
+
+    def __post_init__(self):
+        m = self.micro_batches
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise ValueError(f"micro_batches must be an int >= 1. Received: micro_batches={m!r}.")
+
+    def held(self, position: int, num_stages: int) -> int:
+        """Micro-batches whose activations (or inputs) the stage holds at once."""
+        if self.one_f_one_b:
+            return min(num_stages - position, self.micro_batches)
+        return self.micro_batches
+
+    def activation_factor(self, position: int, num_stages: int) -> float:
+        """The stage's profiled (whole-minibatch) activations it holds, as a fraction."""
+        if self.rematerialize or position == num_stages - 1:
+            return 1.0 / self.micro_batches
+        return self.held(position, num_stages) / self.micro_batches
+
+
 def held_minibatches(position: int, num_stages: int, n_m: int) -> int:
     """Minibatches whose activations the stage at `position` holds (weight versions: N_m - 1
     at every position, see the module docstring)."""
@@ -98,7 +135,7 @@ class CostModel:
 
     def __init__(self, profile: Any, devices: Sequence[Any], cluster: Any, *, n_m: int,
                  optimizer_slots: int = 0, comm: CommModel | None = None,
-                 usable_fraction: float = 0.9) -> None:
+                 usable_fraction: float = 0.9, sync: SyncMemory | None = None) -> None:
         if not 0 < usable_fraction <= 1:
             raise ValueError("usable_fraction must be in (0, 1]. Received: "
                              f"usable_fraction={usable_fraction}.")
@@ -116,6 +153,13 @@ class CostModel:
         # Bytes a layer costs independent of minibatches held (weights, gradients, slots and
         # the N_m - 1 stashed versions), and per extra minibatch held (its activations).
         self.fixed_memory = param + trainable * (1 + optimizer_slots) + (n_m - 1) * trainable
+        self.sync = sync
+        if sync is not None:   # N_m = 1: no stashed version; a gradient accumulator
+            if n_m != 1:
+                raise ValueError(f"A synchronous schedule runs one minibatch at a time. "
+                                 f"Received: n_m={n_m} with sync={sync}; pass n_m=1.")
+            self.fixed_memory = (param + trainable * (1 + optimizer_slots)
+                                 + (trainable if sync.micro_batches > 1 else 0.0))
         self.per_held_memory = self.activation.copy()
         self._compute_time: dict[str, np.ndarray] = {}
         self._update_time: dict[str, np.ndarray] = {}
@@ -165,6 +209,20 @@ class CostModel:
         per_layer = self.fixed_memory + (held - 1) * self.per_held_memory + self.activation
         return np.concatenate([[0.0], np.cumsum(per_layer)])
 
+    def position_memory(self, position: int, num_stages: int) -> np.ndarray:
+        """M[i] = memory of nodes 0..i-1 at `position` of a `num_stages` pipeline, without
+        the received inputs (`input_factor`): what the solvers bound by the capacity."""
+        if self.sync is None:
+            return self.prefix_memory(held_minibatches(position, num_stages, self.n_m))
+        f = self.sync.activation_factor(position, num_stages)
+        return np.concatenate([[0.0], np.cumsum(self.fixed_memory + f * self.activation)])
+
+    def input_factor(self, position: int, num_stages: int) -> float:
+        """How many times its input cut's bytes the stage at `position` holds."""
+        if self.sync is None:
+            return held_minibatches(position, num_stages, self.n_m)
+        return self.sync.held(position, num_stages) / self.sync.micro_batches
+
     def cut_seconds(self, src: Any, dst: Any) -> np.ndarray:
         """Seconds to move each cut's bytes from `src` to `dst` (len L-1)."""
         return np.array([self.comm.seconds(int(b), src, dst, self.cluster)
@@ -175,17 +233,17 @@ class CostModel:
         """Cost of nodes first..last at `position` of the pipeline `order` of devices."""
         k = len(order)
         device = order[position]
-        held = held_minibatches(position, k, self.n_m)
+        held = (held_minibatches(position, k, self.n_m) if self.sync is None
+                else self.sync.held(position, k))
         compute = float(self.layer_compute_time(device)[first:last + 1].sum())
         update = float(self.layer_update_time(device)[first:last + 1].sum())
         recv_f = recv_b = 0.0
-        memory = float(self.fixed_memory[first:last + 1].sum()
-                       + (held - 1) * self.per_held_memory[first:last + 1].sum()
-                       + self.activation[first:last + 1].sum())
+        prefix = self.position_memory(position, k)
+        memory = float(prefix[last + 1] - prefix[first])
         if position > 0:
             nbytes = int(self.cut_bytes[first - 1])
             recv_f = self.comm.seconds(nbytes, order[position - 1], device, self.cluster)
-            memory += held * nbytes
+            memory += self.input_factor(position, k) * nbytes
         if position < k - 1:
             recv_b = self.comm.seconds(int(self.cut_bytes[last]), order[position + 1], device,
                                        self.cluster)

@@ -33,18 +33,22 @@ def _least_overflow_layout(cm: CostModel, devices: Sequence[Any], options: Any):
 
 
 def infeasible_error(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
-                     comm: CommModel | None, optimizer_slots: int, options: Any
-                     ) -> PartitionError:
+                     comm: CommModel | None, optimizer_slots: int, options: Any,
+                     sync: Any = None) -> PartitionError:
     """A PartitionError naming the short devices and suggesting what would fit."""
     from hetpipe_tf.partitioner.milp import fits, max_minibatches
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
-                   comm=comm, usable_fraction=options.usable_fraction)
+                   comm=comm, usable_fraction=options.usable_fraction, sync=sync)
     costs, order = _least_overflow_layout(cm, devices, options)
     short = [f"{d.name} ({d.type_name}) needs {format_bytes(c.memory_bytes)} of "
              f"{format_bytes(c.memory_available)} usable, short by "
              f"{format_bytes(c.memory_bytes - c.memory_available)}"
              for d, c in zip(order, costs) if not c.fits]
     suggestions = []
+    if sync is not None and not sync.rematerialize and fits(
+            profile, devices, 1, cluster=cluster, optimizer_slots=optimizer_slots,
+            options=options, sync=dataclasses.replace(sync, rematerialize=True)):
+        suggestions.append("rematerialize=True fits")
     if n_m > 1:
         m = max_minibatches(profile, devices, cluster=cluster, optimizer_slots=optimizer_slots,
                             limit=n_m - 1, options=options)

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
+from hetpipe_tf.partitioner.cost import CostModel
 from hetpipe_tf.partitioner.plan import PartitionError
 
 # Bisection stops when (upper - lower) <= REL_TOL * upper: the prefix sums the DP compares
@@ -190,8 +190,8 @@ class Problem:
         self.intervals: dict[tuple[int, int], _Intervals] = {}
         memo: dict[tuple, tuple[np.ndarray, _Intervals]] = {}
         for p in range(k):
-            held = held_minibatches(p, k, cm.n_m)
-            memory = np.rint(cm.prefix_memory(held)).astype(np.int64)
+            held = cm.input_factor(p, k)
+            memory = np.rint(cm.position_memory(p, k)).astype(np.int64)
             last_end = L - 1 - (k - 1 - p)         # a node for every later stage
             for h in range(G):
                 key = (held, p == 0, last_end, caps[h])
@@ -200,7 +200,8 @@ class Problem:
                         budget = np.full(L, -1, np.int64)
                         budget[0] = caps[h]
                     else:           # budget left for nodes s.. after the received bytes
-                        budget = caps[h] + memory[:L] - held * np.r_[0, cut_bytes]
+                        budget = (caps[h] + memory[:L]
+                                  - np.rint(held * np.r_[0, cut_bytes]).astype(np.int64))
                         budget[0] = -1
                     emax = np.searchsorted(memory, budget, side="right") - 2
                     emax = np.minimum(emax, last_end)

@@ -41,7 +41,7 @@ from scipy.sparse import coo_matrix
 
 from hetpipe_tf.partitioner.comm import CommModel
 from hetpipe_tf.partitioner import dp
-from hetpipe_tf.partitioner.cost import CostModel, held_minibatches
+from hetpipe_tf.partitioner.cost import CostModel, SyncMemory
 from hetpipe_tf.partitioner.dp import device_classes
 from hetpipe_tf.partitioner.plan import PartitionError, Plan, StagePlan
 
@@ -217,7 +217,7 @@ def cut_windows(cm: CostModel, order: Sequence[Any] | None, upper: float = np.in
         times = [cm.prefix_time(d) for d in order]
         caps = [cm.capacity[d.name] for d in order]
     # Per position: (prefix, budget) pairs that every stage must respect.
-    limits = [[(cm.prefix_memory(held_minibatches(j, k, cm.n_m)), float(caps[j]))]
+    limits = [[(cm.position_memory(j, k), float(caps[j]))]
               + ([(times[j], upper)] if np.isfinite(upper) else []) for j in range(k)]
     hi = np.empty(k - 1, dtype=int)
     start = 0                                    # latest possible first node of stage j
@@ -244,8 +244,8 @@ def heuristic_partition(cm: CostModel, order: Sequence[Any]) -> tuple[float, lis
     the model; returns its true cost, or None if the greedy layout does not fit."""
     k, L = len(order), cm.num_layers
     prefix = [cm.prefix_time(d) for d in order]
-    held = [held_minibatches(j, k, cm.n_m) for j in range(k)]
-    memory = [cm.prefix_memory(h) for h in held]
+    held = [cm.input_factor(j, k) for j in range(k)]
+    memory = [cm.position_memory(j, k) for j in range(k)]
     capacity = [cm.capacity[d.name] for d in order]
 
     def greedy(budget: float) -> list[int] | None:
@@ -375,8 +375,8 @@ def _solve_order(cm: CostModel, order: Sequence[Any], upper: float, opts: Solver
     # Time rows are scaled to O(1); memory rows stay in bytes (see below).
     t_scale = max(float(cm.prefix_time(order[0])[-1]), 1e-12)
     for j, device in enumerate(order):
-        held = held_minibatches(j, k, cm.n_m)
-        cols, vals, const = _stage_terms(cm, order, j, cm.prefix_memory(held))
+        held = cm.input_factor(j, k)
+        cols, vals, const = _stage_terms(cm, order, j, cm.position_memory(j, k))
         cap = cm.capacity[device.name]
         if j > 0:  # received activations are held once per minibatch
             cols = np.concatenate([cols, _cut_vars(j - 1, n)])
@@ -607,8 +607,9 @@ def _to_plan(cm: CostModel, profile: Any, best: _Best, n_m: int, slots: int, sol
 
 def solve(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
           comm: CommModel | None = None, optimizer_slots: int = 0,
-          options: SolverOptions = SolverOptions()) -> Plan:
-    """Partition `profile`'s layers over `devices` (one virtual worker) with N_m in flight.
+          options: SolverOptions = SolverOptions(), sync: SyncMemory | None = None) -> Plan:
+    """Partition `profile`'s layers over `devices` (one virtual worker) with N_m in flight
+    (`sync`: a synchronous schedule's memory instead, with n_m = 1; cost.py).
 
     Returns the Plan minimising the slowest stage; raises PartitionError when no partition
     fits, naming the devices short of memory and what would fit.
@@ -616,7 +617,7 @@ def solve(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
     _check_inputs(profile, devices, n_m)
     start = time.perf_counter()
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
-                   comm=comm, usable_fraction=options.usable_fraction)
+                   comm=comm, usable_fraction=options.usable_fraction, sync=sync)
     best, n_orders, solver = _search(cm, devices, options)
     if best is None and "time limit" in solver:
         raise PartitionError(
@@ -626,17 +627,19 @@ def solve(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
     if best is None:
         from hetpipe_tf.partitioner.diagnose import infeasible_error
         raise infeasible_error(profile, devices, n_m, cluster=cluster, comm=comm,
-                               optimizer_slots=optimizer_slots, options=options)
+                               optimizer_slots=optimizer_slots, options=options, sync=sync)
     return _to_plan(cm, profile, best, n_m, optimizer_slots, solver, n_orders,
                     time.perf_counter() - start)
 
 
 def fits(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
-         optimizer_slots: int = 0, options: SolverOptions = SolverOptions()) -> bool:
-    """Whether some partition of the model over `devices` fits memory with N_m in flight."""
+         optimizer_slots: int = 0, options: SolverOptions = SolverOptions(),
+         sync: SyncMemory | None = None) -> bool:
+    """Whether some partition of the model over `devices` fits memory with N_m in flight
+    (or under the synchronous schedule `sync`, n_m = 1)."""
     _check_inputs(profile, devices, n_m)
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
-                   usable_fraction=options.usable_fraction)
+                   usable_fraction=options.usable_fraction, sync=sync)
     return _search(cm, devices, options, objective="feasible")[0] is not None
 
 
@@ -684,3 +687,19 @@ def plan_virtual_workers(profile: Any, virtual_workers: Sequence[Sequence[Any]],
     return tuple(solve(profile, vw, n_m, cluster=cluster, comm=comm,
                        optimizer_slots=optimizer_slots, options=options)
                  for vw in virtual_workers)
+
+
+def min_micro_batches(profile: Any, devices: Sequence[Any], *, cluster: Any,
+                      one_f_one_b: bool = False, rematerialize: bool = False,
+                      optimizer_slots: int = 0,
+                      options: SolverOptions = SolverOptions()) -> int | None:
+    """The fewest micro-batches M (a divisor of the profile's batch size) for which a
+    synchronous schedule fits the devices' memory: a micro-batch's activations shrink
+    with M (cost.py). None when not even M = batch size fits."""
+    batch = int(profile.batch_size)
+    for m in (d for d in range(1, batch + 1) if batch % d == 0):
+        sync = SyncMemory(m, one_f_one_b=one_f_one_b, rematerialize=rematerialize)
+        if fits(profile, devices, 1, cluster=cluster, optimizer_slots=optimizer_slots,
+                options=options, sync=sync):
+            return m
+    return None

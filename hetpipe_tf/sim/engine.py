@@ -104,7 +104,7 @@ def simulate(virtual_workers: Sequence[VirtualWorker], config: SimConfig,
     vws = tuple(virtual_workers)
     if not vws:
         raise ValueError("simulate needs at least one virtual worker. Received: [].")
-    if config.mode is ScheduleMode.GPIPE:
+    if config.mode in (ScheduleMode.GPIPE, ScheduleMode.ONE_F_ONE_B):
         from hetpipe_tf.sim.gpipe import simulate_gpipe
         return simulate_gpipe(vws, config, cluster)
     if all(vw.stages[-1].forward_s + vw.stages[-1].backward_s > 0 for vw in vws):

@@ -40,6 +40,7 @@ PSMap = Mapping[int, Sequence[tuple[str, int]]]
 class ScheduleMode(enum.Enum):
     HETPIPE = "hetpipe"  # Section 4 pipeline, N_m minibatches in flight, WSP across VWs
     GPIPE = "gpipe"      # M micro-batches: all forwards, all backwards, one update
+    ONE_F_ONE_B = "1f1b"  # M micro-batches, PipeDream-flush order, one update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +125,8 @@ class SimConfig:
     clock_distance: D of WSP (Section 5); 0 is BSP-like.
     num_waves: waves each VW runs (num_waves x n_m minibatches per VW).
     intra_scale: fraction of the nominal PCIe bandwidth transfers reach (comm.py's constant).
-    mode: HETPIPE, or GPIPE (then n_m is the number of micro-batches M per minibatch).
+    mode: HETPIPE, or GPIPE / ONE_F_ONE_B (then n_m is the number of micro-batches M per
+      minibatch).
     """
 
     n_m: int

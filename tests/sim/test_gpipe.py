@@ -6,7 +6,8 @@ from hetpipe_tf.cluster.spec import Cluster, Device, Host, paper_cluster
 from hetpipe_tf.core.schedule import TaskKind
 from hetpipe_tf.partitioner.plan import Plan, StagePlan
 from hetpipe_tf.sim.engine import simulate
-from hetpipe_tf.sim.gpipe import gpipe_events
+from hetpipe_tf.core.sync_schedule import ActionKind, Schedule, actions, bubble_fraction
+from hetpipe_tf.sim.gpipe import gpipe_events, sync_events
 from hetpipe_tf.sim.model import ScheduleMode, SimConfig, SimStage, VirtualWorker, from_plan
 
 CLUSTER = paper_cluster()
@@ -61,3 +62,29 @@ def test_gpipe_updates_after_the_flush():
     assert applies[:2] == [(1, 2, 7, 10), (0, 2, 9, 10)]
     second = [e for e in ev if e.task.minibatch == 3 and e.task.stage == 0]
     assert second[0].start == 10   # next minibatch after every stage updated
+
+
+@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
+def test_sim_replays_the_executors_action_lists(schedule):
+    lists = actions(schedule, 3, 4)
+    ev = sync_events([1.0, 1.5, 1.0], [2.0, 2.0, 3.0], 4, 2, update_s=[0.5] * 3,
+                     schedule=schedule)
+    kinds = {ActionKind.FORWARD: TaskKind.FORWARD, ActionKind.BACKWARD: TaskKind.BACKWARD,
+             ActionKind.APPLY: TaskKind.APPLY}
+    for b in range(2):
+        for j in range(3):
+            ran = [(e.task.kind, e.task.minibatch) for e in sorted(ev, key=lambda e: e.start)
+                   if e.task.stage == j and b * 4 < e.task.minibatch <= (b + 1) * 4]
+            want = [(kinds[a.kind], b * 4 + (4 if a.micro_batch < 0 else a.micro_batch + 1))
+                    for a in lists[j]]
+            assert ran == want
+
+
+def test_one_f_one_b_mode_has_gpipes_bubble():
+    f, b, k, m = 1.0, 2.0, 4, 6
+    vw = VirtualWorker("g", tuple(SimStage(f"host0/gpu{j % 4}", "host0", f * m, b * m)
+                                  for j in range(k)), 24)
+    r = simulate([vw], SimConfig(n_m=m, num_waves=2, mode=ScheduleMode.ONE_F_ONE_B), CLUSTER)
+    assert r.makespan_s == pytest.approx(2 * (m + k - 1) * (f + b))
+    for u in r.vws[0].utilisation:
+        assert 1 - u == pytest.approx(bubble_fraction(k, m))

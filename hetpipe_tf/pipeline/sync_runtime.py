@@ -376,10 +376,11 @@ class SyncPipelineRuntime(Executor):
         grads = deltas = None
         saved, out_grads = {}, {}
         for a in self.actions_for(count)[j]:
-            t0 = time.perf_counter()
+            # An action's span starts when its inputs are there (waiting is bubble).
             m = a.micro_batch
             if a.kind is ActionKind.FORWARD:
                 inputs = mb.inputs[m] if j == 0 else self._recv(mb, ("F", j, m))
+                t0 = time.perf_counter()
                 if last:
                     extra = mb.extra.get(m) if j > 0 else None
                     wg, ig, total, outputs, d, logs = self._last_task(
@@ -398,15 +399,19 @@ class SyncPipelineRuntime(Executor):
                     nvals = add(nvals, d)
             elif a.kind is ActionKind.BACKWARD:
                 if last:
+                    t0 = time.perf_counter()
                     ig = out_grads.pop(m)
                 else:
                     bwd = stage.backward_remat if self.rematerialize else stage.backward
-                    wg, ig = bwd(saved.pop(m), self._recv(mb, ("B", j, m)), mb.scales[m])
+                    out = self._recv(mb, ("B", j, m))
+                    t0 = time.perf_counter()
+                    wg, ig = bwd(saved.pop(m), out, mb.scales[m])
                     grads = add(grads, wg)
                 if j > 0:
                     self._send(mb, ("B", j - 1, m), ig)
             else:
                 self._barrier(mb)
+                t0 = time.perf_counter()
                 del tvals   # no version alive while the update writes (copy-on-write)
                 t_apply = time.perf_counter()
                 self.versions.apply(j, mb.id, grads or [], deltas or [])

@@ -19,7 +19,7 @@ from hetpipe_tf.cluster.catalog import get_device_type
 from hetpipe_tf.cluster.spec import Cluster, Device, tf_device_kind
 from hetpipe_tf.partitioner import milp
 from hetpipe_tf.partitioner.comm import CommModel
-from hetpipe_tf.partitioner.cost import optimizer_slots
+from hetpipe_tf.partitioner.cost import SyncMemory, optimizer_slots
 from hetpipe_tf.partitioner.layer_graph import LayerGraph
 from hetpipe_tf.partitioner.plan import PartitionError, Plan
 from hetpipe_tf.partitioner.profile import ModelProfile, profile_model
@@ -64,7 +64,8 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
                devices: Sequence[Device | str] | None = None, n_m: int | None = None,
                optimizer: Any = "sgd", measure: bool = True, max_n_m: int = 32,
                comm: CommModel | None = None, profile: ModelProfile | None = None,
-               options: milp.SolverOptions = milp.SolverOptions()) -> PlannerResult:
+               options: milp.SolverOptions = milp.SolverOptions(),
+               sync: SyncMemory | None = None) -> PlannerResult:
     """Profile `model` at `batch_size` and partition it over `devices` (default: all).
 
     Args:
@@ -73,6 +74,8 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
       optimizer: the optimizer (or its name, or slots per weight) for the memory model.
       measure: time device types present in this process (module doc); else estimate all.
       profile: reuse a profile made earlier (same model and batch size).
+      sync: plan for a synchronous schedule's memory (cost.py; N_m = 1, so `n_m` must be
+        None or 1).
     """
     _check_count("batch_size", batch_size, "the minibatch size, e.g. batch_size=32")
     if n_m is not None:
@@ -98,6 +101,16 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
                                 optimizer=update)
     elif profile.batch_size != batch_size:
         profile = profile.scaled(batch_size)
+    notes = graph.notes if graph is not None else ()
+    if sync is not None:
+        if n_m not in (None, 1):
+            raise PartitionError(
+                "A synchronous schedule applies each minibatch before the next (N_m = 1). "
+                f"Received: n_m={n_m} with sync={sync}; pass n_m=None or 1.")
+        plan = milp.solve(profile, chosen, 1, cluster=cluster, comm=comm,
+                          optimizer_slots=slots, options=options, sync=sync)
+        return PlannerResult(plan=dataclasses.replace(plan, notes=notes), profile=profile,
+                             max_m=1)
     max_m = milp.max_minibatches(profile, chosen, cluster=cluster, optimizer_slots=slots,
                                  limit=max(max_n_m, n_m or 1), options=options)
     if n_m is None:
@@ -108,6 +121,5 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
             f"n_m={n_m}; use n_m <= {max_m}, a smaller batch, or more devices.")
     plan = milp.solve(profile, chosen, n_m, cluster=cluster, comm=comm, optimizer_slots=slots,
                       options=options)
-    notes = graph.notes if graph is not None else ()
     return PlannerResult(plan=dataclasses.replace(plan, notes=notes), profile=profile,
                          max_m=max_m)

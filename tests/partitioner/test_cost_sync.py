@@ -83,3 +83,17 @@ def test_a_model_that_fits_only_with_rematerialization_or_1f1b_gets_a_plan():
     # M's limit follows from memory: with re-materialization 2 micro-batches are enough.
     assert milp.min_micro_batches(profile, [a, b], rematerialize=True, **kw) == 2
     assert milp.min_micro_batches(profile, [a, b], **kw) is None
+
+
+def test_plan_model_plans_for_a_synchronous_schedule():
+    from hetpipe_tf.partitioner.planner import plan_model
+    a, b, cluster = _cluster()
+    profile = _profile(acts=(800_000, 1_000), cuts=(1_000,), batch=4)
+    opts = milp.SolverOptions(usable_fraction=0.5)
+    got = plan_model(None, cluster, 4, profile=profile, options=opts,
+                     sync=SyncMemory(4, one_f_one_b=True))
+    assert got.plan.n_m == 1 and got.max_m == 1
+    assert [s.minibatches_held for s in got.plan.stages] == [2, 1]   # micro-batches held
+    with pytest.raises(PartitionError, match="n_m=2"):
+        plan_model(None, cluster, 4, profile=profile, options=opts, n_m=2,
+                   sync=SyncMemory(4))

@@ -232,32 +232,37 @@ def calling_model(frame: Any, methods: tuple[str, ...] = ("compile",)) -> Any:
     return None
 
 
-def fit_batch_size(frame: Any) -> int | None:
-    """The batch size of the data the running `fit` iterates (its epoch iterator's data
-    adapter), where the traced batch leaves it open: NumPy inputs with a remainder, Python
-    generators, `keras.utils.PyDataset`, a tf.data dataset batched without drop_remainder.
-    None when no fit runs in `frame` or above it, or the data yields no batch."""
-    # Reason: the plan is made for the user's batch size (the largest a step takes), which
-    # Keras knows but does not put into the traced step's shapes when batches vary.
+def fit_first_batch(frame: Any, need_batch: bool = True) -> tuple[int | None, Any]:
+    """(batch size, first batch) of the data the running `fit` iterates (its epoch
+    iterator's data adapter), where the traced batch leaves a dimension open: NumPy inputs
+    with a remainder, Python generators, `keras.utils.PyDataset`, a tf.data dataset batched
+    without drop_remainder or padded to each batch's longest sequence. The batch size is
+    the adapter's when it knows it, else the first batch's; (None, None) when no fit runs in
+    `frame` or above it, or the data yields no batch. With `need_batch=False` the first
+    batch is read only when the batch size needs it (None is returned for it otherwise)."""
+    # Reason: the plan is made for the user's batch size and input shapes, which Keras
+    # knows but does not put into the traced step's shapes when they vary.
     while frame is not None and not (frame.f_code.co_name == "fit"
                                      and "epoch_iterator" in frame.f_locals):
         frame = frame.f_back   # past a subclass's own fit that calls Keras' fit
     iterator = None if frame is None else frame.f_locals["epoch_iterator"]
     adapter = getattr(iterator, "data_adapter", None)
     if adapter is None:
-        return None
-    size = adapter.batch_size
-    if isinstance(size, int):
-        return size
-    first = getattr(adapter, "_first_batches", None)         # Python generator: peeked
+        return None, None
+    if not need_batch and isinstance(adapter.batch_size, int):
+        return adapter.batch_size, None
+    first = getattr(adapter, "_first_batches", None)          # Python generator: peeked
     if first is None and getattr(adapter, "py_dataset", None) is not None:
-        first = [adapter.py_dataset[0]]                       # as Keras reads it for specs
-    if first is None and getattr(adapter, "_dataset", None) is not None:
-        with tf.init_scope():                                 # a fresh pass of the dataset
-            first = [element for element in adapter._dataset.take(1)]
-    sizes = [int(t.shape[0]) for batch in first or ()
-             for t in tf.nest.flatten(batch) if getattr(t, "shape", None)]
-    return max(sizes) if sizes else None
+        first = [adapter.py_dataset[0]]                        # as Keras reads it for specs
+    if first is None:
+        with tf.init_scope():    # NumPy and tf.data: a fresh pass of the dataset it made
+            first = [element for element in adapter.get_tf_dataset().take(1)]
+    size = adapter.batch_size
+    if not isinstance(size, int):
+        sizes = [int(t.shape[0]) for batch in first or ()
+                 for t in tf.nest.flatten(batch) if getattr(t, "shape", None)]
+        size = max(sizes) if sizes else None
+    return size, (first[0] if first else None)
 
 
 def pythonify_logs(logs: Any) -> dict:

@@ -218,6 +218,37 @@ class _Builder:
                 tuple(_dtype_name(t.dtype) for t in outputs))
 
 
+# Per-sample input shapes for a model whose keras.Input leaves a dimension open (keras_hub
+# tasks: the sequence length), set by the strategy from the first batch before planning.
+_INPUT_SHAPES = "_hetpipe_input_shapes"
+
+
+def set_input_shapes(model: keras.Model, shapes: Sequence[Sequence[int]]) -> None:
+    """Build `model`'s layer graph (and so its plan and stages' costs) with these per-sample
+    shapes of its inputs (in the order of its Input layers) where its Inputs leave a
+    dimension open; later `from_model` calls of this model use them."""
+    object.__setattr__(model, _INPUT_SHAPES, tuple(tuple(int(d) for d in s) for s in shapes))
+
+
+def input_shapes_set(model: keras.Model) -> tuple[tuple[int, ...], ...] | None:
+    """The shapes `set_input_shapes` gave `model`, or None."""
+    return model.__dict__.get(_INPUT_SHAPES)
+
+
+def _fixed(tensor: Any, given: Sequence[int] | None) -> Any:
+    """`tensor`'s spec with its open per-sample dimensions taken from `given`."""
+    shape = tuple(tensor.shape)
+    if given is None or None not in shape[1:]:
+        return tensor
+    if len(given) != len(shape) - 1 or any(
+            d is not None and d != g for d, g in zip(shape[1:], given)):
+        raise ValueError(
+            "The shapes given for the model's open input dimensions do not match its Input. "
+            f"Received: Input shape={shape}, per-sample shape={tuple(given)}; feed batches "
+            "whose shape matches the model's Input.")
+    return keras.KerasTensor((None, *given), dtype=tensor.dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerGraph:
     """Nodes of a Keras model in topological order, with the tensors between them."""
@@ -260,7 +291,9 @@ class LayerGraph:
         builder = _Builder()
         input_refs = []
         input_shapes, input_dtypes = [], []
+        given = input_shapes_set(model)
         for k, tensor in enumerate(functional.inputs):
+            tensor = _fixed(tensor, given[k] if given and k < len(given) else None)
             input_refs.append(TensorRef(-1 - k, 0))
             input_shapes.append(_per_sample_shape(tensor, f"model input {k}"))
             input_dtypes.append(_dtype_name(tensor.dtype))

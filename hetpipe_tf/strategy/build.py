@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
+from hetpipe_tf.partitioner.layer_graph import input_shapes_set, set_input_shapes
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime, runs_in_graph
 from hetpipe_tf.pipeline.program import Program
@@ -77,14 +78,50 @@ def changed_without_compile(model, compiled: tuple) -> str:
             "existing train step keeps the old setting).")
 
 
+def fix_open_inputs(model, data, frame) -> None:
+    """Where the model's Inputs leave a per-sample dimension open (keras_hub tasks: the
+    sequence length), plan it for the shapes of this fit's batches: the traced batch's, or
+    the first batch's where the trace leaves them open too (`set_input_shapes`)."""
+    functional = _keras_shim.functional_graph(model)
+    if functional is None or not any(None in tuple(t.shape)[1:] for t in functional.inputs):
+        return
+
+    def per_sample(x) -> list:
+        return [tuple(t.shape)[1:] for t in _keras_shim.standardize_inputs(functional, x)]
+
+    shapes = per_sample(keras.utils.unpack_x_y_sample_weight(data)[0])
+    if any(None in s for s in shapes):
+        with tf.init_scope():
+            _, first = _keras_shim.fit_first_batch(frame)
+            if first is not None:
+                shapes = per_sample(keras.utils.unpack_x_y_sample_weight(first)[0])
+    if any(None in s for s in shapes):
+        raise ValueError(
+            "The model's inputs leave a dimension open and this data does not fix it, so "
+            "there is no shape to plan the pipeline for. Received: per-sample input shapes "
+            f"{shapes}; pad or crop the inputs to a fixed length (e.g. a keras_hub "
+            "preprocessor's sequence_length) or give keras.Input a full shape.")
+    given = input_shapes_set(model)
+    if given is not None and given != tuple(shapes):
+        grew = [(g, s) for g, s in zip(given, shapes) if any(b > a for a, b in zip(g, s))]
+        if grew:
+            raise ValueError(
+                "These inputs are larger than the shapes the model's pipeline was planned "
+                f"for. Received: per-sample shapes {shapes}, planned for {list(given)}; "
+                "feed inputs no larger than planned, or train under a new HetPipeStrategy.")
+        return   # smaller inputs run as they are, on the plan made for the larger ones
+    set_input_shapes(model, shapes)
+
+
 def build_training(extended, model, data) -> Training:
     """Plan (at the first fit) and build `model`'s executor for the batch `data`: an
     `InGraphRuntime` or `PipelineRuntime` for one virtual worker, a `Coordinator` for several;
     installs the draining `get_metrics_result` on the model."""
     strategy = extended._container_strategy()
-    check_model(model, strategy)
     frame = sys._getframe(1)
-    batch_size = check_batch(data, lambda: _keras_shim.fit_batch_size(frame))
+    fix_open_inputs(model, data, frame)
+    check_model(model, strategy)
+    batch_size = check_batch(data, lambda: _keras_shim.fit_first_batch(frame, False)[0])
     hetseq = extended.data_parallel is DataParallel.HETSEQ   # shares, no plans
     if not extended.plans and not hetseq:
         with tf.init_scope():  # we are inside Keras' train-function trace: plan eagerly

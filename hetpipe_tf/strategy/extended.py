@@ -17,6 +17,7 @@ and updates. Building a model's executor is `build.py`; the model's wrappers, `g
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import threading
@@ -31,7 +32,7 @@ from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.strategy.build import (Training, build_training, changed_without_compile,
-                                       compiled_state, same_compile)
+                                       compiled_state, fix_open_inputs, same_compile)
 from hetpipe_tf.strategy.guards import guard_model
 from hetpipe_tf.strategy.validation import (check_batch_fits, check_n_m, check_plans,
                                             check_same_batch)
@@ -201,6 +202,15 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     # --- the step ---------------------------------------------------------------------------
     def _call_for_each_replica(self, fn, args, kwargs):
         model, name = _bound_step(fn)
+        if model is None and not _from_keras_or_tf(fn):
+            # A custom training loop: the pipeline (stages, weight versions, the parameter
+            # servers) is built from a Keras model's own step, which this function is not.
+            raise NotImplementedError(
+                "HetPipeStrategy pipelines a model only inside Keras' fit/evaluate/predict; "
+                "strategy.run with your own step function is not supported (its gradients "
+                "and optimizer updates would bypass the pipeline). Received: strategy.run("
+                f"{getattr(fn, '__name__', fn)!r}); train with model.fit, and put a custom "
+                "step in the model's train_step (docs/strategy.md, 'Custom training loops').")
         if model is not None and name == "train_step":
             return self._pipelined_train_step(model, args, kwargs)
         ctx = tf.distribute.ReplicaContext(self._container_strategy(), 0)
@@ -276,6 +286,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 t = None
             if t is not None:
                 check_same_batch(data, t.batch_size)
+                fix_open_inputs(model, data, sys._getframe(1))   # larger inputs: refused
                 return t.executor
             # The last trace's runtime is gone (re-compile), or a dead model's whose
             # id was reused: the wrapper binds to the one built now.
@@ -312,8 +323,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     def _make_plans(self, model, batch_size) -> tuple:
         from hetpipe_tf.strategy.planning import plan_virtual_workers, plan_with_partitioner
         if self.allocation is None:
-            return (plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
-                                          self.max_m),)
+            return plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
+                                         self.max_m)
         return plan_virtual_workers(model, batch_size, self._cluster_arg, self.allocation,
                                     self.num_virtual_workers, self.n_m, self.max_m)
 
@@ -423,6 +434,13 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
 def _identity_or_keep(t):
     return tf.identity(t) if isinstance(t, tf.Tensor) else t
+
+
+def _from_keras_or_tf(fn) -> bool:
+    """Whether `fn` is Keras' or TensorFlow's own (Keras' predict runs a closure of its own
+    around predict_step), not a user's step function."""
+    module = getattr(inspect.unwrap(fn), "__module__", None) or ""
+    return module.split(".")[0] in ("keras", "tensorflow", "tf_keras")
 
 
 def _bound_step(fn):

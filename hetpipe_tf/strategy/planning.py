@@ -9,7 +9,10 @@ devices, in pipeline order, with N_m minibatches in flight (default: min(Max_m, 
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Sequence
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_cluster(cluster: Any):
@@ -38,9 +41,34 @@ def resolve_cluster(cluster: Any):
         "TF_CONFIG with a 'hetpipe' devices section.")
 
 
+def max_stages(model) -> int:
+    """How many stages `model` can be cut into: one per layer-graph node, less the cuts
+    between two calls of a shared layer."""
+    from hetpipe_tf.partitioner.layer_graph import LayerGraph
+
+    graph = LayerGraph.from_model(model)
+    return len(graph) - len(graph.forbidden_cuts())
+
+
+def groups_within(devices: Sequence[Any], most: int) -> list[tuple]:
+    """The fewest virtual workers of at most `most` devices each, in the cluster's device
+    order (so a VW's devices share a host where they can), sizes as equal as possible."""
+    count = -(-len(devices) // most)
+    size, extra = divmod(len(devices), count)
+    out, start = [], 0
+    for w in range(count):
+        end = start + size + (1 if w < extra else 0)
+        out.append(tuple(devices[start:end]))
+        start = end
+    return out
+
+
 def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
-                          max_m: int | None):
-    """Profile and partition `model` with hetpipe_tf.partitioner.planner.plan_model.
+                          max_m: int | None) -> tuple:
+    """Profile and partition `model` with hetpipe_tf.partitioner.planner.plan_model: one
+    virtual worker of every device, or, when the model has fewer stages to give than the
+    cluster has devices, the fewest VWs that use every device (data parallelism between
+    them, as MirroredStrategy would use every device), logged as a warning.
 
     N_m > Max_m raises ValueError (PartitionError) from the planner; a user-given `max_m`
     bounds N_m further.
@@ -48,11 +76,20 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
     from hetpipe_tf.partitioner.planner import plan_model
 
     cl = resolve_cluster(cluster)
+    most = max_stages(model)
+    if len(cl.devices) > most:
+        vws = groups_within(cl.devices, most)
+        logger.warning(
+            "Model %r can be cut into at most %d stage(s) but the cluster has %d devices: "
+            "training as %d virtual workers (data parallel under WSP) of %s devices: %s.",
+            model.name, most, len(cl.devices), len(vws),
+            "/".join(str(len(v)) for v in vws), [[d.name for d in v] for v in vws])
+        return plan_devices(model, batch_size, cl, vws, n_m, max_m)
     result = plan_model(model, cl, batch_size, n_m=n_m, optimizer=model.optimizer)
     if max_m is not None and result.plan.n_m > max_m:
         result = plan_model(model, cl, batch_size, n_m=max_m, optimizer=model.optimizer,
                             profile=result.profile)
-    return result.plan
+    return (result.plan,)
 
 
 def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_vws,
@@ -62,11 +99,19 @@ def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_v
     min(Max_m, k) taken over the VWs (k = devices of a VW: k minibatches in flight keep a
     k-stage pipeline busy; more only adds staleness and memory)."""
     from hetpipe_tf.cluster.allocation import allocate
+
+    cl = resolve_cluster(cluster)
+    return plan_devices(model, batch_size, cl,
+                        allocate(cl, allocation, num_virtual_workers=num_vws), n_m, max_m)
+
+
+def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int | None,
+                 max_m: int | None) -> tuple:
+    """Plan each virtual worker of `vws` (device tuples) with one N_m, profiling the model
+    once (the N_m rule of `plan_virtual_workers`)."""
     from hetpipe_tf.partitioner.milp import plan_virtual_workers as plan_all
     from hetpipe_tf.partitioner.planner import plan_model
 
-    cl = resolve_cluster(cluster)
-    vws = allocate(cl, allocation, num_virtual_workers=num_vws)
     first = plan_model(model, cl, batch_size, devices=vws[0], n_m=n_m,
                        optimizer=model.optimizer)
     plans = plan_all(first.profile, vws, cluster=cl, n_m=n_m,

@@ -141,7 +141,7 @@ def _batch_sizes(data) -> set:
 
 def check_batch(data, hint: Callable[[], int | None] = lambda: None) -> int:
     """The batch size the plan is made for: the traced batch's static size, else `hint()`
-    (the size Keras' fit batches its data by, `_keras_shim.fit_batch_size`). Smaller
+    (the size Keras' fit batches its data by, `_keras_shim.fit_first_batch`). Smaller
     batches (an epoch's remainder) run as they are, like in Keras."""
     flat = [t for t in tf.nest.flatten(data) if t is not None]
     known = _batch_sizes(data) - {None}

@@ -37,17 +37,21 @@ def test_model_overriding_train_step():
     _fit_raises(model, "overrides train_step")
 
 
-def test_dataset_with_varying_batch_size():
-    strategy = _strategy()
-    with strategy.scope():
-        model = skip_model()
-        model.compile("sgd", "mse")
-    x, y = regression_data(70)  # 70 = 4 x 16 + 6: the last batch is smaller
-    err = _fit_raises(model, "batch size", x, y, batch_size=16)
-    assert "drop_remainder=True" in str(err)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-    with pytest.raises(ValueError, match="drop_remainder"):
-        model.fit(ds, epochs=1, verbose=0)
+def test_an_open_batch_dimension_with_no_batch_size_to_plan_for_is_refused():
+    """Remainders, generators and open batch dimensions train (test_batch_sizes.py); only
+    when neither the trace nor Keras' data adapter tells a batch size is there nothing to
+    plan the pipeline for."""
+    from hetpipe_tf.strategy.validation import check_batch
+
+    @tf.function(input_signature=[tf.TensorSpec((None, 8)), tf.TensorSpec((None, 1))])
+    def trace(x, y):
+        with pytest.raises(ValueError, match=r"batch size is unknown.*Received: batch shapes "
+                                             r"\[\(None, 8\), \(None, 1\)\]"):
+            check_batch((x, y))
+        assert check_batch((x, y), lambda: 16) == 16
+        return x
+
+    trace.get_concrete_function()
 
 
 def test_n_m_larger_than_max_m():

@@ -47,3 +47,45 @@ def test_allocation_plans_use_the_default_n_m_of_one_virtual_worker():
         assert strategy.num_virtual_workers == 2
         assert [p.num_stages for p in strategy.plans] == [2, 2]
         assert strategy.n_m == 2 and {p.n_m for p in strategy.plans} == {2}
+
+
+def test_a_model_with_fewer_stages_than_devices_forms_more_virtual_workers(caplog):
+    """A 3-layer MLP on 4 devices (a MirroredStrategy user's script): the planner uses every
+    device as the fewest VWs of at most 3 stages (2 x 2), says so, and trains."""
+    import keras
+    import numpy as np
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.strategy import HetPipeStrategy
+    strategy = HetPipeStrategy(Cluster.local(["LOCAL_CPU"] * 4))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+    x = np.random.RandomState(0).randn(64, 8).astype("float32")
+    with strategy, caplog.at_level("WARNING"):
+        history = model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
+        assert [p.num_stages for p in strategy.plans] == [2, 2]
+    assert "at most 3 stage(s) but the cluster has 4 devices" in caplog.text
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_a_custom_training_loop_is_refused_at_strategy_run():
+    import keras
+    from hetpipe_tf.strategy import HetPipeStrategy
+    from tests.strategy.helpers import DEVICES, skip_model
+    from hetpipe_tf.strategy import even_plan
+    strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=1))
+    with strategy.scope():
+        model = skip_model(0)
+        optimizer = keras.optimizers.SGD(0.01)
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(x) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+        return loss
+
+    with pytest.raises(NotImplementedError, match=r"strategy.run\('step'\); train with model.fit"):
+        strategy.run(step, args=(tf.ones((4, 8)),))

@@ -384,7 +384,7 @@ def _short(device: str) -> str:
     return device.rsplit("device:", 1)[-1]
 
 
-def test_a_later_fit_with_another_batch_size_is_refused_before_training():
+def test_a_later_fit_with_a_larger_batch_size_is_refused_before_training():
     x, y = regression_data(64, 14)
     strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=2))
     with strategy.scope():
@@ -393,10 +393,12 @@ def test_a_later_fit_with_another_batch_size_is_refused_before_training():
     with strategy:
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
         before = model.get_weights()
-        with pytest.raises(ValueError, match=r"batch size.*Received: batch size .*built for 8"):
+        with pytest.raises(ValueError, match=r"larger than .*Received: batch size 16, planned "
+                                             r"for 8"):
             model.fit(x, y, batch_size=16, epochs=1, verbose=0)
         assert_weights_close(model.get_weights(), before, atol=0)
-        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)   # the right size still trains
+        model.fit(x, y, batch_size=BATCH // 2, epochs=1, verbose=0)   # smaller ones train
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)   # the planned size still trains
 
 
 def test_adam_under_wsp_equals_the_reference_rebuilt_from_records():

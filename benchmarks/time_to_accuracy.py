@@ -55,7 +55,7 @@ OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "adamw": ("AdamW", {"learning_rate": 1e-3, "weight_decay": 1e-4}),
     "sgd": ("SGD", {"learning_rate": 0.1}),
 }
-COMPENSATIONS = ("none", "predict", "momentum")
+COMPENSATIONS = ("none", "predict", "momentum", "both")
 TASKS = ("digits", "spirals")
 SPEED_FACTORS = (1.0, 1.0, 1.0, 0.5)
 HOSTS = 2
@@ -80,6 +80,12 @@ _TARGET = flags.DEFINE_float("target", 0.0, "Target validation accuracy (0: 0.95
                              "0.9 spirals).", lower_bound=0.0)
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the initial weights and the data order.")
+_WIDTH = flags.DEFINE_integer("width", 1, "Hidden widths x this (digits: 128-64-64; "
+                              "spirals: 64): more compute per minibatch against the "
+                              "runtime's fixed cost, so the emulated slow device matters.",
+                              lower_bound=1)
+_NM1 = flags.DEFINE_bool("nm1_rows", True, "--mode=time: also HetPipe at N_m = 1 (no local "
+                         "staleness; the planner's default is min(Max_m, stages)).")
 
 
 def _check(values, allowed) -> bool:
@@ -112,28 +118,52 @@ def load_task(name: str, seed: int = 0):
         x, y = x[order], y[order]
         split = int(0.8 * len(x))
         return x[:split], y[:split], x[split:], y[split:], digits_mlp
-    from benchmarks.train import make_data
-
-    x, y = make_data(4096, seed=0)
-    xv, yv = make_data(1024, seed=1)
+    x, y = make_spirals(4096, seed=0)
+    xv, yv = make_spirals(1024, seed=1)
     return x, y, xv, yv, spiral_mlp
+
+
+def make_spirals(n: int, seed: int = 0):
+    """Four interleaved spirals in 2-D, lifted to 16 features (benchmarks/train.py's task;
+    not imported from there: that binary defines flags of the same names)."""
+    import numpy as np
+
+    rs = np.random.RandomState(seed)
+    classes = rs.randint(0, 4, n)
+    t = rs.rand(n) * 3.0 + 0.3
+    angle = t * 2.2 + classes * (np.pi / 2)
+    xy = np.stack([t * np.cos(angle), t * np.sin(angle)], 1) + 0.08 * rs.randn(n, 2)
+    feats = np.concatenate([xy, np.sin(xy * 1.7), np.cos(xy * 1.3), xy ** 2 / 4,
+                            np.sin(xy[:, :1] * xy[:, 1:] * 0.8), rs.randn(n, 7) * 0.1], 1)
+    return feats.astype("float32"), classes.astype("int32")
 
 
 def digits_mlp():
     import keras
 
+    k = _WIDTH.value
     return keras.Sequential([keras.Input((64,), name="pixels"),
-                             keras.layers.Dense(128, activation="relu", name="h1"),
-                             keras.layers.Dense(64, activation="relu", name="h2"),
-                             keras.layers.Dense(64, activation="relu", name="h3"),
+                             keras.layers.Dense(128 * k, activation="relu", name="h1"),
+                             keras.layers.Dense(64 * k, activation="relu", name="h2"),
+                             keras.layers.Dense(64 * k, activation="relu", name="h3"),
                              keras.layers.Dense(10, activation="softmax", name="digits")],
                             name="digits_mlp")
 
 
-def spiral_mlp():
-    from benchmarks.train import build_model
+def spiral_mlp(depth: int = 3):
+    """A residual MLP (benchmarks/train.py's, narrower)."""
+    import keras
 
-    return build_model(width=64, depth=3)
+    width = 64 * _WIDTH.value
+    inp = keras.Input((16,), name="features")
+    h = keras.layers.Dense(width, activation="relu", name="dense_in")(inp)
+    for i in range(depth):
+        r = keras.layers.Dense(width, activation="relu", name=f"block{i}_a")(h)
+        r = keras.layers.Dense(width, name=f"block{i}_b")(r)
+        h = keras.layers.Add(name=f"block{i}_add")([h, r])
+        h = keras.layers.Activation("relu", name=f"block{i}_relu")(h)
+    out = keras.layers.Dense(4, activation="softmax", name="classes")(h)
+    return keras.Model(inp, out, name="spiral_resmlp")
 
 
 def make_optimizer(name: str):
@@ -235,6 +265,11 @@ def time_settings(cluster, devices, distances, compensations):
                         lambda _m, d=d, c=c: HetPipeStrategy(
                             cluster, allocation="NP", num_virtual_workers=2,
                             clock_distance=d, compensation=c)))
+        if _NM1.value:
+            out.append((f"HetPipe NP 2 VWs (planner), D={d}, N_m=1",
+                        lambda _m, d=d: HetPipeStrategy(
+                            cluster, allocation="NP", num_virtual_workers=2,
+                            clock_distance=d, n_m=1)))
     return out
 
 
@@ -325,7 +360,8 @@ def main(argv: list[str]) -> int:
                             emulated_speed_factors=list(SPEED_FACTORS))
     print(f"{len(SPEED_FACTORS)} logical CPU devices of this machine on {HOSTS} emulated "
           f"hosts, speed factors {list(SPEED_FACTORS)} (the last EMULATED at 0.5x: its "
-          f"tasks sleep); batch {_BATCH.value}, {epochs} epochs, seed {_SEED.value}.")
+          f"tasks sleep); batch {_BATCH.value}, {epochs} epochs, seed {_SEED.value}, "
+          f"widths x{_WIDTH.value}.")
     for task_name in tasks:
         task = load_task(task_name)
         target = _TARGET.value or (0.95 if task_name == "digits" else 0.9)

@@ -38,6 +38,7 @@ class Compensation(enum.Enum):
     PREDICT = "predict"    # forward at w_v + k_p * d (this module)
     MOMENTUM = "momentum"  # stage optimizers' momentum reduced by the implied momentum
                            # (hetpipe_tf/strategy/compensation.py)
+    BOTH = "both"          # PREDICT and MOMENTUM together
 
     @classmethod
     def parse(cls, value) -> "Compensation":

@@ -158,8 +158,10 @@ def build_training(extended, model, data) -> Training:
             cm.update_state(y, y_pred, sample_weight)
         return original()
 
-    adjust = optimizer_adjustment(extended.compensation, extended.n_m)
-    predictor = predictor_factory(extended.compensation, extended.n_m)
+    vws = max(len(extended.plans), 1)
+    adjust = optimizer_adjustment(extended.compensation, extended.n_m, vws,
+                                  extended.clock_distance)
+    predictor = predictor_factory(extended.compensation, extended.n_m, vws)
     if hetseq:
         runtime = build_hetseq(extended, model, program, batch_size, update_metrics, strategy)
     elif len(extended.plans) == 1:

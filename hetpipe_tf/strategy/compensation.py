@@ -1,19 +1,25 @@
 """Staleness compensation on the strategy's side: which stage objects each option makes.
 
 `Compensation.PREDICT` gives every stage a `WeightPredictor` (pipeline/compensation.py):
-forwards read their weight version moved ahead by the local updates it misses.
+forwards read their weight version moved ahead by N x k_p steps of the stage's last update,
+k_p = the local updates the version misses, N = the number of virtual workers (each VW's
+update stands for every VW's: the other N - 1 VWs also move w_global while p is in flight).
 
 `Compensation.MOMENTUM` (Mitliagkas et al. 2016, "Asynchrony begets momentum"): applying a
 gradient s updates late behaves like an extra, implicit momentum of about 1 - 1/(s + 1),
 which adds to the optimizer's own. Compounding the two as (1 - mu_total) = (1 - mu_e) *
 (1 - mu_implicit), the stage optimizers run with the explicit momentum
 
-    mu_e = max(0, 1 - (1 - mu) * (s + 1)),   s = N_m - 1 (local staleness),
+    mu_e = max(0, 1 - (1 - mu) * (s + 1)),
+    s = (N_m - 1) + (N - 1) * N_m   (N_m - 1 local; a wave of every other VW in flight),
 
-for SGD's `momentum` and Adam-family `beta_1` (the user's value is mu; the model's
-optimizer keeps it, so checkpoints and `model.optimizer` show the user's configuration;
-only the stage clones change, after they are built, so their slots still pair with the
-model optimizer's). An optimizer with neither attribute is left as it is.
+and s = 0 for synchronous data parallelism (N_m = 1, D = 0: nothing is stale), for SGD's
+`momentum` and Adam-family `beta_1` (the user's value is mu; the model's optimizer keeps
+it, so checkpoints and `model.optimizer` show the user's configuration; only the stage
+clones change, after they are built, so their slots still pair with the model optimizer's).
+An optimizer with neither attribute is left as it is.
+
+`Compensation.BOTH` applies the two.
 
 docs/convergence.md compares the options and says what each changes in Section 6.
 """
@@ -24,7 +30,8 @@ from typing import Callable
 
 from hetpipe_tf.pipeline.compensation import Compensation, WeightPredictor
 
-__all__ = ["Compensation", "reduced_momentum", "optimizer_adjustment", "predictor_factory"]
+__all__ = ["Compensation", "implied_staleness", "reduced_momentum", "optimizer_adjustment",
+           "predictor_factory"]
 
 # Momentum-like hyperparameters of Keras optimizers, by attribute name.
 _MOMENTUM_ATTRIBUTES = ("momentum", "beta_1")
@@ -38,10 +45,18 @@ def reduced_momentum(mu: float, staleness: int) -> float:
     return max(0.0, 1.0 - (1.0 - float(mu)) * (staleness + 1))
 
 
-def optimizer_adjustment(compensation: Compensation, n_m: int
-                         ) -> Callable[[object], None] | None:
+def implied_staleness(n_m: int, num_vws: int = 1, clock_distance: int = 0) -> int:
+    """s of the momentum reduction (module docstring)."""
+    if n_m <= 1 and (num_vws <= 1 or clock_distance == 0):
+        return 0   # sequential training, or synchronous data parallelism
+    return (n_m - 1) + (num_vws - 1) * n_m
+
+
+def optimizer_adjustment(compensation: Compensation, n_m: int, num_vws: int = 1,
+                         clock_distance: int = 0) -> Callable[[object], None] | None:
     """What to do to each built stage optimizer (None: nothing)."""
-    if compensation is not Compensation.MOMENTUM or n_m <= 1:
+    s = implied_staleness(n_m, num_vws, clock_distance)
+    if compensation not in (Compensation.MOMENTUM, Compensation.BOTH) or s == 0:
         return None
 
     def adjust(optimizer) -> None:
@@ -49,15 +64,16 @@ def optimizer_adjustment(compensation: Compensation, n_m: int
             mu = getattr(optimizer, name, None)
             if isinstance(mu, (int, float)) and not isinstance(mu, bool) and mu > 0:
                 # Plain attributes read when the update is traced (the first apply).
-                setattr(optimizer, name, reduced_momentum(mu, n_m - 1))
+                setattr(optimizer, name, reduced_momentum(mu, s))
     return adjust
 
 
-def predictor_factory(compensation: Compensation, n_m: int
+def predictor_factory(compensation: Compensation, n_m: int, num_vws: int = 1
                       ) -> Callable[[str], WeightPredictor | None]:
-    """device -> the stage's predictor (None without weight prediction or staleness)."""
+    """device -> the stage's predictor (None without weight prediction or local
+    staleness: with N_m = 1 no version misses a local update)."""
     def make(device: str) -> WeightPredictor | None:
-        if compensation is not Compensation.PREDICT or n_m <= 1:
+        if compensation not in (Compensation.PREDICT, Compensation.BOTH) or n_m <= 1:
             return None
-        return WeightPredictor(device)
+        return WeightPredictor(device, scale=float(num_vws))
     return make

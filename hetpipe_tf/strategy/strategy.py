@@ -68,7 +68,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
         trains by the paper's rules exactly; `Compensation.PREDICT` forwards each
         minibatch at its weight version moved ahead by the local updates it misses;
         `Compensation.MOMENTUM` lowers the stage optimizers' momentum by the momentum that
-        staleness implies. A Compensation or its name.
+        staleness implies; `Compensation.BOTH` does both. A Compensation or its name.
       data_parallel: `DataParallel.WSP` (or "wsp"): the layouts above. `DataParallel.HETSEQ`
         (or "hetseq"): every device of `cluster` holds the whole model and takes a share of
         each batch by its speed, one synchronous update per batch (docs/hetseq.md).

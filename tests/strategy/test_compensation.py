@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 from hetpipe_tf.strategy import HetPipeStrategy, even_plan
-from hetpipe_tf.strategy.compensation import (Compensation, optimizer_adjustment,
+from hetpipe_tf.strategy.compensation import (Compensation, implied_staleness,
+                                              optimizer_adjustment, predictor_factory,
                                               reduced_momentum)
 from tests.strategy.helpers import (DEVICES, assert_weights_close, regression_data,
                                     skip_model, staleness_reference)
@@ -27,6 +28,19 @@ def test_reduced_momentum_compounds_to_the_users():
     # (1 - 0.8) = (1 - 0.9) * 2: the implied momentum of one late update is 1/2.
     assert optimizer_adjustment(Compensation.MOMENTUM, 1) is None
     assert optimizer_adjustment(Compensation.PREDICT, 3) is None
+
+
+def test_staleness_counts_local_and_the_other_vws_waves():
+    assert implied_staleness(1) == 0
+    assert implied_staleness(1, num_vws=4, clock_distance=0) == 0   # synchronous DP
+    assert implied_staleness(1, num_vws=4, clock_distance=2) == 3   # M async workers
+    assert implied_staleness(2) == 1
+    assert implied_staleness(2, num_vws=2, clock_distance=0) == 3
+    assert optimizer_adjustment(Compensation.MOMENTUM, 1, 4, 0) is None
+    assert optimizer_adjustment(Compensation.BOTH, 2) is not None
+    assert predictor_factory(Compensation.PREDICT, 1, 2)(DEVICES[0]) is None
+    assert predictor_factory(Compensation.BOTH, 2, 3)(DEVICES[0]).scale == 3.0
+    assert predictor_factory(Compensation.MOMENTUM, 2)(DEVICES[0]) is None
 
 
 def _fit(n_m, stages, make_opt, compensation, seed=0):
@@ -107,7 +121,7 @@ def test_adam_beta_1_is_reduced_on_the_stages_only():
 def test_two_virtual_workers_train_with_each_compensation():
     """Several VWs under WSP (D = 1): every compensation trains (finite, changes weights)."""
     x, y = regression_data(N, 0)
-    for c in (Compensation.PREDICT, Compensation.MOMENTUM):
+    for c in (Compensation.PREDICT, Compensation.MOMENTUM, Compensation.BOTH):
         strategy = HetPipeStrategy(
             plan=[even_plan(skip_model(0), DEVICES[w * 2:w * 2 + 2], n_m=2)
                   for w in range(2)], clock_distance=1, compensation=c)

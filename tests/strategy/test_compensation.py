@@ -86,7 +86,8 @@ def prediction_reference(weights0, make_opt, batches, n_m, runs):
 @pytest.mark.parametrize("n_m,stages,opt", [
     (2, 2, lambda: keras.optimizers.SGD(0.05, momentum=0.9)),
     (3, 3, lambda: keras.optimizers.Adam(0.01)),
-], ids=["momentum_nm2", "adam_nm3"])
+    (2, 2, lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05)),
+], ids=["momentum_nm2", "adam_nm3", "adamw_nm2"])
 def test_predict_equals_the_prediction_reference(n_m, stages, opt):
     strategy, model, w0, batches = _fit(n_m, stages, opt, Compensation.PREDICT)
     runs = set(strategy.pipeline(model).run_starts)

@@ -80,10 +80,13 @@ _TARGET = flags.DEFINE_float("target", 0.0, "Target validation accuracy (0: 0.95
                              "0.9 spirals).", lower_bound=0.0)
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the initial weights and the data order.")
-_WIDTH = flags.DEFINE_integer("width", 1, "Hidden widths x this (digits: 128-64-64; "
+_WIDTH = flags.DEFINE_integer("width", 0, "Hidden widths x this (digits: 128-64-64; "
                               "spirals: 64): more compute per minibatch against the "
-                              "runtime's fixed cost, so the emulated slow device matters.",
-                              lower_bound=1)
+                              "runtime's fixed cost, so the emulated slow device matters. "
+                              "0: 1 for --mode=gap (the issue's model), 4 for --mode=time.",
+                              lower_bound=0)
+_SPIRALS = flags.DEFINE_integer("spiral_examples", 4096, "Generated spirals training "
+                                "examples (validation: a quarter as many).", lower_bound=32)
 _NM1 = flags.DEFINE_bool("nm1_rows", True, "--mode=time: also HetPipe at N_m = 1 (no local "
                          "staleness; the planner's default is min(Max_m, stages)).")
 
@@ -118,8 +121,8 @@ def load_task(name: str, seed: int = 0):
         x, y = x[order], y[order]
         split = int(0.8 * len(x))
         return x[:split], y[:split], x[split:], y[split:], digits_mlp
-    x, y = make_spirals(4096, seed=0)
-    xv, yv = make_spirals(1024, seed=1)
+    x, y = make_spirals(_SPIRALS.value, seed=0)
+    xv, yv = make_spirals(max(_SPIRALS.value // 4, 8), seed=1)
     return x, y, xv, yv, spiral_mlp
 
 
@@ -141,7 +144,7 @@ def make_spirals(n: int, seed: int = 0):
 def digits_mlp():
     import keras
 
-    k = _WIDTH.value
+    k = _width()
     return keras.Sequential([keras.Input((64,), name="pixels"),
                              keras.layers.Dense(128 * k, activation="relu", name="h1"),
                              keras.layers.Dense(64 * k, activation="relu", name="h2"),
@@ -154,7 +157,7 @@ def spiral_mlp(depth: int = 3):
     """A residual MLP (benchmarks/train.py's, narrower)."""
     import keras
 
-    width = 64 * _WIDTH.value
+    width = 64 * _width()
     inp = keras.Input((16,), name="features")
     h = keras.layers.Dense(width, activation="relu", name="dense_in")(inp)
     for i in range(depth):
@@ -164,6 +167,10 @@ def spiral_mlp(depth: int = 3):
         h = keras.layers.Activation("relu", name=f"block{i}_relu")(h)
     out = keras.layers.Dense(4, activation="softmax", name="classes")(h)
     return keras.Model(inp, out, name="spiral_resmlp")
+
+
+def _width() -> int:
+    return _WIDTH.value or (1 if _MODE.value == "gap" else 4)
 
 
 def make_optimizer(name: str):
@@ -361,7 +368,7 @@ def main(argv: list[str]) -> int:
     print(f"{len(SPEED_FACTORS)} logical CPU devices of this machine on {HOSTS} emulated "
           f"hosts, speed factors {list(SPEED_FACTORS)} (the last EMULATED at 0.5x: its "
           f"tasks sleep); batch {_BATCH.value}, {epochs} epochs, seed {_SEED.value}, "
-          f"widths x{_WIDTH.value}.")
+          f"widths x{_width()}.")
     for task_name in tasks:
         task = load_task(task_name)
         target = _TARGET.value or (0.95 if task_name == "digits" else 0.9)

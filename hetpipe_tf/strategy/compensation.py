@@ -45,14 +45,16 @@ def reduced_momentum(mu: float, staleness: int) -> float:
     return max(0.0, 1.0 - (1.0 - float(mu)) * (staleness + 1))
 
 
-def implied_staleness(n_m: int, num_vws: int = 1, clock_distance: int = 0) -> int:
-    """s of the momentum reduction (module docstring)."""
+def implied_staleness(n_m: int | None, num_vws: int = 1, clock_distance: int = 0) -> int:
+    """s of the momentum reduction (module docstring); n_m None (no pipeline, e.g. HetSeq
+    mode) counts as 1."""
+    n_m = n_m or 1
     if n_m <= 1 and (num_vws <= 1 or clock_distance == 0):
         return 0   # sequential training, or synchronous data parallelism
     return (n_m - 1) + (num_vws - 1) * n_m
 
 
-def optimizer_adjustment(compensation: Compensation, n_m: int, num_vws: int = 1,
+def optimizer_adjustment(compensation: Compensation, n_m: int | None, num_vws: int = 1,
                          clock_distance: int = 0) -> Callable[[object], None] | None:
     """What to do to each built stage optimizer (None: nothing)."""
     s = implied_staleness(n_m, num_vws, clock_distance)
@@ -68,12 +70,12 @@ def optimizer_adjustment(compensation: Compensation, n_m: int, num_vws: int = 1,
     return adjust
 
 
-def predictor_factory(compensation: Compensation, n_m: int, num_vws: int = 1
+def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int = 1
                       ) -> Callable[[str], WeightPredictor | None]:
     """device -> the stage's predictor (None without weight prediction or local
     staleness: with N_m = 1 no version misses a local update)."""
     def make(device: str) -> WeightPredictor | None:
-        if compensation not in (Compensation.PREDICT, Compensation.BOTH) or n_m <= 1:
+        if compensation not in (Compensation.PREDICT, Compensation.BOTH) or (n_m or 1) <= 1:
             return None
         return WeightPredictor(device, scale=float(num_vws))
     return make

@@ -32,6 +32,7 @@ def test_reduced_momentum_compounds_to_the_users():
 
 def test_staleness_counts_local_and_the_other_vws_waves():
     assert implied_staleness(1) == 0
+    assert implied_staleness(None, num_vws=3) == 0   # no pipeline (HetSeq mode)
     assert implied_staleness(1, num_vws=4, clock_distance=0) == 0   # synchronous DP
     assert implied_staleness(1, num_vws=4, clock_distance=2) == 3   # M async workers
     assert implied_staleness(2) == 1

@@ -25,6 +25,7 @@ _PUBLIC = {
     "plan_model": "hetpipe_tf.partitioner.planner",
     "HetPipeStrategy": "hetpipe_tf.strategy",
     "Schedule": "hetpipe_tf.core.sync_schedule",
+    "Compensation": "hetpipe_tf.pipeline.compensation",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

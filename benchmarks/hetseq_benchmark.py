@@ -50,10 +50,16 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Global batch size.", lowe
 _SPEED = flags.DEFINE_list("speed_factors", ["1", "1", "1", "0.5"],
                            "EMULATED speed factor per logical CPU device (1 = real speed).")
 _BASE = flags.DEFINE_float(
-    "base_speed", 0.25, "Every device's EMULATED speed is base_speed x its --speed_factors "
+    "base_speed", 0.1, "Every device's EMULATED speed is base_speed x its --speed_factors "
     "entry: the logical devices share this machine's cores, and below about cores/devices "
     "they stop competing for them, so each behaves as a device of its own (1 = no base "
     "slowdown).", lower_bound=0.01, upper_bound=1.0)
+_EMULATION = flags.DEFINE_enum(
+    "emulation", "speeds", ["speeds", "measured"], "How a device is EMULATED slower: "
+    "'speeds': each share takes per-sample time (the profile's, measured once at real speed "
+    "on device 0, the same for every row) x share / factor, whatever the shared cores did to "
+    "its real work; 'measured': the library's default, it sleeps (1/f - 1) x its measured "
+    "time, which the 4 logical devices sharing 2 cores inflate unevenly.")
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed minibatches per fit.", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed fits per row (best kept).",
                                 lower_bound=1)
@@ -112,6 +118,7 @@ def main(argv: list[str]) -> None:
     import tensorflow as tf
 
     from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.partitioner.shares import DeviceSpeed
     from hetpipe_tf.strategy import HetPipeStrategy
 
     emulated = Cluster.local(["LOCAL_CPU"] * k, emulated_speed_factors=factors)
@@ -135,20 +142,39 @@ def main(argv: list[str]) -> None:
     for name, strategy in rows.items():
         model = _compiled(keras, strategy.scope())
         ds = _dataset(tf, model)
-        print(f"\n{name}: warm-up")
-        model.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)   # tracing, shares printed
+        print(f"\n{name}: first step (tracing; the shares are printed)")
+        model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0)
         fitted[name] = (model, ds)
+    by_speed = rows["HetSeq, shares by speed (emulated)"]
+    model = fitted["HetSeq, shares by speed (emulated)"][0]
+    shares = by_speed.extended.pipelines[id(model)].executor.shares
+    # Real-speed seconds per sample of device 0 (its profile time x its factor).
+    per_sample = shares.speeds[0].seconds_per_sample * factors[0]
+    executors = {}
+    for name, strategy in rows.items():
+        if isinstance(strategy, HetPipeStrategy):
+            ex = strategy.extended.pipelines[id(fitted[name][0])].executor
+            executors[name] = ex
+            if (_EMULATION.value == "speeds"
+                    and min(s.emulated_speed_factor for s in ex.stages) < 1):
+                ex.emulate_speeds = tuple(
+                    DeviceSpeed(s.device, per_sample / s.emulated_speed_factor)
+                    for s in ex.stages)
+    for model, ds in fitted.values():
+        model.fit(ds, epochs=1, steps_per_epoch=2, verbose=0)   # warm-up
+    for ex in executors.values():
+        for s in ex.stages:
+            s.emulation_overruns = 0
     best = {name: 0.0 for name in rows}
     for _ in range(_REPEATS.value):   # interleaved, so drifts of the machine hit every row
         for name, (model, ds) in fitted.items():
             best[name] = max(best[name], _timed(model, ds))
-    by_speed = rows["HetSeq, shares by speed (emulated)"]
-    model = fitted["HetSeq, shares by speed (emulated)"][0]
-    shares = by_speed.extended.pipelines[id(model)].executor.shares
     print(f"\n{_MODEL.value}, global batch {_BATCH_SIZE.value}, {k} logical CPU devices, "
           f"relative speeds {relative}, EMULATED speed factors {factors} (base "
           f"{_BASE.value:g}), best of {_REPEATS.value} x {_STEPS.value} steps:")
-    print(f"shares chosen by speed: {list(shares.sizes)} (equal: {equal})")
+    print(f"shares chosen by speed: {list(shares.sizes)} (equal: {equal}); emulation: "
+          f"{_EMULATION.value}" + (f", {per_sample * 1e3:.3f} ms a sample at real speed"
+                                   if _EMULATION.value == "speeds" else ""))
     for name, v in best.items():
         print(f"  {name:46} {v:9.1f} samples/s")
     a, b = best["HetSeq, shares by speed (emulated)"], best["HetSeq, equal shares (emulated)"]
@@ -158,6 +184,11 @@ def main(argv: list[str]) -> None:
     print(f"shares by speed / equal shares, emulated: {a / b:.2f}x (goal >= 1.3x; the "
           f"devices' speeds bound it by {sum(relative) / (k * min(relative)):.2f}x); "
           f"of the cluster without the slow device: {a / ideal:.2f}")
+    for name, ex in executors.items():
+        over = sum(s.emulation_overruns for s in ex.stages)
+        if ex.emulate_speeds is not None and over:
+            print(f"  note: {name}: in {over} device tasks the real work outlasted the "
+                  "emulated time (lower --base_speed)")
     print(f"HetSeq / MirroredStrategy, both equal shares, every device at real speed: "
           f"{c / m:.2f}x")
     print(f"HetSeq by speed (emulated) / MirroredStrategy on the emulated cluster, estimated "

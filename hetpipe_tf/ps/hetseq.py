@@ -27,7 +27,10 @@ the device that finishes last sums, applies on the variables' device and complet
 step. The next `submit` waits for that (its weights are the applied ones). A batch smaller
 than the shares' (an epoch's remainder) is split in proportion (`Shares.split`); a device
 may then sit out. Emulation: a device with emulated_speed_factor f < 1 sleeps (1/f - 1)
-times its task's time after it, as pipeline stages do.
+times its task's time after it, as pipeline stages do; with `emulate_speeds` (one
+`DeviceSpeed` per device) every share instead takes the time they predict for it: logical
+devices that share a machine's cores slow each other's measured times down unevenly, which
+the first rule multiplies (docs/hetseq.md, benchmarks/hetseq_benchmark.py).
 
 `drain`, `abort`, `close`, runs and errors as `PipelineRuntime`'s (an aborted step is never
 applied: the last finisher checks its run).
@@ -44,7 +47,6 @@ import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.partitioner.shares import Shares
-from hetpipe_tf.pipeline.emulation import emulate_slowdown
 from hetpipe_tf.pipeline.executor import Executor
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.runtime import PipelineError
@@ -63,6 +65,7 @@ class ShareStage(Stage):
         super().__init__(0, 1, program, 0, len(program.graph) - 1, device,
                          emulated_speed_factor, model)
         self._share_fn = compiled_method(self._share_impl, reduce_retracing=True)
+        self.emulation_overruns = 0   # tasks whose work outlasted their `emulated_s`
 
     def _share_impl(self, tvals, vvals, svals, inputs, y, sample_weight, weight):
         with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -80,14 +83,25 @@ class ShareStage(Stage):
         deltas = [d * tf.cast(weight, d.dtype) for d in deltas]
         return grads, loss, outputs, deltas, new_s
 
-    def share_task(self, tvals, vvals, svals, inputs, y, sample_weight, weight):
+    def share_task(self, tvals, vvals, svals, inputs, y, sample_weight, weight,
+                   emulated_s: float | None = None):
         """(weighted grads, unweighted loss, outputs, weighted nt deltas, new sequential
-        state) of one share, on this device (call on its thread)."""
+        state) of one share, on this device (call on its thread). `emulated_s`: EMULATE a
+        device whose task takes that long (sleep for the rest, if any) instead of the
+        measured time / the speed factor."""
         t0 = time.perf_counter()
         with tf.device(self.device):
             out = self._share_fn(list(tvals), list(vvals), list(svals), list(inputs), y,
                                  sample_weight, weight)
-        self._emulate(t0)
+        if emulated_s is None:
+            self._emulate(t0)
+        else:
+            rest = t0 + emulated_s - time.perf_counter()
+            if rest > 0:
+                time.sleep(rest)   # EMULATION of a slower device, not real work
+                self.emulated_sleep_s += rest
+            else:
+                self.emulation_overruns += 1   # the real work took longer than emulated
         return out
 
 
@@ -149,6 +163,9 @@ class HetSeqExecutor(Executor):
         self.dropped = 0
         self._t_submit = 0.0
         self._weights = {}                 # batch size -> per-share weight tensors
+        # EMULATION by given speeds (one DeviceSpeed per device; None = each device's
+        # measured time / its factor): each share takes the time they predict for it.
+        self.emulate_speeds = None
         self._sum_fn = compiled_method(self._sum_impl, reduce_retracing=True)
         self._queues = [queue.Queue() for _ in self.stages]
         self._threads = [threading.Thread(target=self._worker, args=(k,), daemon=True,
@@ -269,8 +286,10 @@ class HetSeqExecutor(Executor):
 
     def _share(self, k, step, first, tvals, nvals, svals, inputs, y, sw, weight) -> None:
         stage = self.stages[k]
+        speeds = self.emulate_speeds
+        emulated = None if speeds is None else speeds[k].time(int(inputs[0].shape[0]))
         grads, loss, outputs, deltas, new_s = stage.share_task(tvals, nvals, svals, inputs,
-                                                               y, sw, weight)
+                                                               y, sw, weight, emulated)
         del tvals, nvals
         with self._metrics_lock, tf.device(stage.device):
             logs = self._update_metrics(loss, y, stage.program.pack_outputs(outputs), sw)

@@ -108,9 +108,9 @@ def plan_shares(model, cluster, batch_size: int, given: tuple[int, ...] | None) 
     if batch_size < len(devices):   # refused before profiling
         choose_shares(batch_size, uniform_speeds([d.name for d in devices]))
     types = sorted({d.type_name for d in devices})
-    # Times are needed only to choose the shares; memory always (estimated is enough).
+    # Measured also for given shares: their predicted times are printed.
     profile = profile_model(LayerGraph.from_model(model), batch_size, types,
-                            measure_on=measurable_devices(devices) if given is None else {})
+                            measure_on=measurable_devices(devices))
     # Devices hold weights and gradients; the one optimizer keeps its slots on the host.
     speeds = speeds_from_profile(profile, devices, cluster)
     if given is not None:

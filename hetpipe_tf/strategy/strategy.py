@@ -93,6 +93,8 @@ class HetPipeStrategy(tf.distribute.Strategy):
             extended.data_parallel, shares, plans=extended.plans, plan_fn=extended._plan_fn,
             allocation=extended.allocation, clock_distance=clock_distance, n_m=n_m,
             has_cluster=extended._cluster_or_none() is not None)
+        if extended.data_parallel is DataParallel.HETSEQ:
+            extended.n_m = 1   # one batch in flight (check_hetseq_arguments refused others)
         super().__init__(extended)
         sync_schedules.configure(self.extended, schedule, micro_batches, rematerialize,
                                  n_m)

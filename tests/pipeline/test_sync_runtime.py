@@ -175,3 +175,55 @@ def test_rematerialization_equals_the_kept_forward_with_dropout(schedule):
     # A recomputation with another dropout mask would give other gradients.
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("m", [1, 2, 8])
+def test_any_micro_batch_count_that_divides_the_batch(m):
+    x, y = regression_data(16, seed=5)
+    model = skip_model(0)
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    w0 = model.get_weights()
+    rt, _ = _runtime(model, 2, Schedule.ONE_F_ONE_B, m, lambda: keras.optimizers.SGD(0.1))
+    try:
+        _train(rt, [(x[:8], y[:8], None), (x[8:], y[8:], None)])
+    finally:
+        rt.close()
+    want, _ = _reference(lambda: skip_model(0), w0, lambda: keras.optimizers.SGD(0.1),
+                         [(x[:8], y[:8], None), (x[8:], y[8:], None)])
+    assert_weights_close(model.get_weights(), want)
+
+
+def test_a_failure_before_the_commit_applies_the_minibatch_on_no_stage():
+    x, y = regression_data(16, seed=6)
+    batches = [(x[:8], y[:8], None), (x[8:], y[8:], None)]
+    make = lambda: keras.optimizers.SGD(0.1)  # noqa: E731
+    model = skip_model(0)
+    model.compile(make(), "mse")
+    w0 = model.get_weights()
+    rt, _ = _runtime(model, 2, Schedule.GPIPE, 2, make)
+    stage0 = rt.stages[0]
+    backward, calls = stage0.backward, []
+
+    def failing(saved, grads, extra_grad=None):
+        calls.append(1)
+        if len(calls) == 4:   # minibatch 2's last backward on stage 0: stage 1 is done
+            raise RuntimeError("injected")
+        return backward(saved, grads, extra_grad)
+
+    stage0.backward = failing
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            _train(rt, batches)
+        assert rt.completed == 1
+        # Stage 1 had finished minibatch 2's backwards and waited at the commit: it must
+        # not have applied it either.
+        after_one, _ = _reference(lambda: skip_model(0), w0, make, batches[:1])
+        assert_weights_close(model.get_weights(), after_one)
+        rt.abort()                      # clears the failure; the next run starts from here
+        stage0.backward = backward
+        _train(rt, batches[1:])
+    finally:
+        rt.close()
+    want, _ = _reference(lambda: skip_model(0), w0, make, batches)
+    assert_weights_close(model.get_weights(), want)
+    assert rt.dropped == 1 and rt.completed == 2

@@ -10,6 +10,7 @@ wave is one minibatch).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import keras
@@ -22,9 +23,31 @@ from hetpipe_tf.pipeline.sync_runtime import SyncPipelineRuntime
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
 
 
+def arguments_checked_first(init):
+    """Decorates HetPipeStrategy.__init__: the schedule's arguments are checked before any
+    other (so `n_m` with a synchronous schedule is refused as such, not by N_m's checks)."""
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        check_arguments(kwargs.get("schedule", Schedule.HETPIPE), kwargs.get("micro_batches"),
+                        kwargs.get("rematerialize", False), kwargs.get("n_m"))
+        return init(self, *args, **kwargs)
+    return checked
+
+
 def configure(extended, schedule: Any, micro_batches: Any, rematerialize: Any,
               n_m: Any) -> None:
-    """Check the arguments (before anything is built) and keep them on `extended`."""
+    """Check the arguments and keep them on `extended` (N_m = 1 when synchronous)."""
+    schedule = check_arguments(schedule, micro_batches, rematerialize, n_m)
+    if schedule.synchronous:
+        extended.n_m = 1
+    extended.schedule = schedule
+    extended.micro_batches = micro_batches
+    extended.rematerialize = rematerialize
+
+
+def check_arguments(schedule: Any, micro_batches: Any, rematerialize: Any,
+                    n_m: Any) -> Schedule:
+    """Refuse bad schedule arguments before anything is built; returns the Schedule."""
     schedule = Schedule.parse(schedule)
     if not isinstance(rematerialize, bool):
         raise ValueError("rematerialize must be True or False. Received: "
@@ -48,10 +71,7 @@ def configure(extended, schedule: Any, micro_batches: Any, rematerialize: Any,
                 "n_m (minibatches in flight) is HetPipe's; a synchronous schedule applies "
                 f"every minibatch before the next (N_m = 1). Received: schedule={schedule}, "
                 f"n_m={n_m}; drop n_m, or use schedule=Schedule.HETPIPE.")
-        extended.n_m = 1
-    extended.schedule = schedule
-    extended.micro_batches = micro_batches
-    extended.rematerialize = rematerialize
+    return schedule
 
 
 def _losses(loss) -> list:
@@ -106,3 +126,13 @@ def runtime_factory(extended, update_metrics: Callable):
         return None
     return lambda stages, weights, plan, **kw: build_runtime(extended, stages, weights,
                                                              update_metrics, plan, **kw)
+
+
+def sync_memory(extended):
+    """The planner's memory model of `extended`'s synchronous schedule (None: HetPipe's)."""
+    if not synchronous(extended):
+        return None
+    from hetpipe_tf.partitioner.cost import SyncMemory
+    return SyncMemory(extended.micro_batches,
+                      one_f_one_b=extended.schedule is Schedule.ONE_F_ONE_B,
+                      rematerialize=extended.rematerialize)

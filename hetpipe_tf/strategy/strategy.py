@@ -76,6 +76,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
         sum to the batch size); None = chosen from the profile at the first fit.
     """
 
+    @sync_schedules.arguments_checked_first
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
                  schedule: Schedule = Schedule.HETPIPE, micro_batches: int | None = None,
                  rematerialize: bool = False,

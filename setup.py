@@ -76,6 +76,11 @@ setup(
         "test": [
             "pytest>=8,<10",
             "hypothesis>=6.100,<7",
+            # keras_hub's GPT2CausalLM as users bring it (tests/strategy/test_tied_weights.py);
+            # it pulls tensorflow-text, which pulls the `tensorflow` wheel of the same
+            # version beside tensorflow-cpu (the same files).
+            "keras-hub>=0.32,<0.33",
+            f"tensorflow-text{TF_RANGE}",   # keras-hub's; pinned so it keeps TF at 2.21
         ],
     },
     classifiers=[

@@ -1,11 +1,10 @@
 r"""A keras_hub backbone split across stages, as a user would try it (prints; asserts nothing).
 
-  pip install --no-deps keras-hub && pip install regex kagglehub tokenizers sentencepiece
+  python -m pip install -e ".[test]"      # keras-hub is a test dependency
   python -m experiments.keras_hub_trial
 
-keras_hub is not a dependency of the project (its full install pulls a second TensorFlow
-wheel); the tests build the same structure from Keras layers (tests/strategy/
-test_nested_models.py). This trial runs the real thing on 4 logical CPU devices:
+This trial runs keras_hub models on 4 logical CPU devices (tests/strategy/
+test_tied_weights.py tests GPT2CausalLM the same way):
 1. a random-initialised `GPT2Backbone` (no download) under a Dense LM head, called with the
    dict of inputs keras_hub uses, split over 4 stages at N_m = 1 and trained for 2 epochs
    beside the same model under plain Keras: the plan table, both losses, the largest
@@ -14,9 +13,11 @@ test_nested_models.py). This trial runs the real thing on 4 logical CPU devices:
    classifier on `pooled_output`, the same comparison;
 3. a `GemmaBackbone` (2 decoder blocks, grouped-query attention) under a Dense head, the
    same comparison;
-4. a `GPT2CausalLM` (tied input/output embeddings), wrapped to fix its open input shape:
-   its layer graph, its shared layer and the cuts left (none: the tied embedding is the
-   first and the last layer, and its calls stay in one stage).
+4. keras_hub's `GPT2CausalLM` as it is (open sequence length, the token embedding tied to
+   the LM head), `causal_lm.fit` over 4 stages, the last borrowing the embedding, the same
+   comparison;
+5. keras_hub's `BertTextClassifier` as it is (no preprocessor), over 4 stages, the same
+   comparison.
 """
 
 from __future__ import annotations
@@ -73,7 +74,6 @@ def main() -> None:
     import keras_hub
     import numpy as np
 
-    from hetpipe_tf.partitioner.layer_graph import LayerGraph
 
     def gpt():
         keras.utils.set_random_seed(0)
@@ -114,13 +114,25 @@ def main() -> None:
              {"token_ids": tokens[:, :-1], "padding_mask": mask}, tokens[:, 1:], sparse,
              devices)
 
-    lm = keras_hub.models.GPT2CausalLM(backbone=_backbone(keras_hub, 2), preprocessor=None)
-    inputs = _inputs(keras)
-    graph = LayerGraph.from_model(keras.Model(inputs, lm(inputs)))
-    allowed = [c for c in range(len(graph) - 1) if graph.allowed_cut(c)]
-    print(f"4. GPT2CausalLM (tied embeddings): {len(graph)} nodes "
-          f"{[n.name for n in graph.nodes]}")
-    print(f"shared layers (first, last node): {graph.shared_layers}; allowed cuts: {allowed}")
+    def causal_lm():
+        keras.utils.set_random_seed(0)
+        return keras_hub.models.GPT2CausalLM(backbone=_backbone(keras_hub, 2),
+                                             preprocessor=None)
+
+    def classifier():
+        keras.utils.set_random_seed(0)
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=32,
+            intermediate_dim=64, max_sequence_length=SEQ, dropout=0.0)
+        return keras_hub.models.BertTextClassifier(backbone, num_classes=3,
+                                                   preprocessor=None, dropout=0.0)
+
+    _compare("4. GPT2CausalLM as it is (tied embedding, open sequence length)", causal_lm,
+             {"token_ids": tokens[:, :-1], "padding_mask": mask}, tokens[:, 1:], sparse,
+             devices)
+    _compare("5. BertTextClassifier as it is", classifier,
+             {"token_ids": tokens[:, :-1], "segment_ids": np.zeros_like(mask),
+              "padding_mask": mask}, rs.randint(0, 3, (32,)), sparse, devices)
 
 
 if __name__ == "__main__":

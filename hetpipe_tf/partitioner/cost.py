@@ -152,14 +152,17 @@ class CostModel:
         self.activation = np.array([l.activation_bytes for l in profile.layers], dtype=np.float64)
         # Bytes a layer costs independent of minibatches held (weights, gradients, slots and
         # the N_m - 1 stashed versions), and per extra minibatch held (its activations).
-        self.fixed_memory = param + trainable * (1 + optimizer_slots) + (n_m - 1) * trainable
+        # A tied layer's later call holds a borrowed copy and its gradient (tied_bytes).
+        tied = np.array([getattr(l, "tied_bytes", 0) for l in profile.layers], dtype=np.float64)
+        self.fixed_memory = (param + trainable * (1 + optimizer_slots) + (n_m - 1) * trainable
+                             + tied)
         self.sync = sync
         if sync is not None:   # N_m = 1: no stashed version; a gradient accumulator
             if n_m != 1:
                 raise ValueError(f"A synchronous schedule runs one minibatch at a time. "
                                  f"Received: n_m={n_m} with sync={sync}; pass n_m=1.")
             self.fixed_memory = (param + trainable * (1 + optimizer_slots)
-                                 + (trainable if sync.micro_batches > 1 else 0.0))
+                                 + (trainable if sync.micro_batches > 1 else 0.0) + tied)
         self.per_held_memory = self.activation.copy()
         self._compute_time: dict[str, np.ndarray] = {}
         self._update_time: dict[str, np.ndarray] = {}

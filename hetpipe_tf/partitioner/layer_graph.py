@@ -93,6 +93,11 @@ class LayerNode:
     call_structure: CallStructure = dataclasses.field(compare=False, repr=False)
     # Why a nested model is one node although it is a model ("" for every other node).
     opaque: str = ""
+    # A later call of a tied layer (trainable weights only): the bytes of the borrowed copy
+    # of its weights and that copy's gradient, which its stage holds when the first call is
+    # in another stage (pipeline/tied.py); the cost model charges them always (an upper
+    # bound when both calls share a stage).
+    tied_bytes: int = 0
 
     def output_bytes(self, index: int) -> int:
         """Bytes per sample of output `index`."""
@@ -194,7 +199,9 @@ class _Builder:
             param_bytes=_weight_bytes(weights) if call == 0 else 0,
             trainable_param_bytes=_weight_bytes(trainable) if call == 0 else 0,
             layer_name=self._first[id(op)], call_index=call, call_structure=structure,
-            opaque=opaque))
+            opaque=opaque,
+            tied_bytes=(2 * _weight_bytes(trainable) if call > 0
+                        and not list(getattr(op, "non_trainable_weights", ())) else 0)))
         self.layers.append(op)
         for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
             self.specs[TensorRef(index, k)] = (shape, dtype)
@@ -273,8 +280,12 @@ class LayerGraph:
             calls.setdefault(node.layer_name, []).append(node.index)
         shared = {name: (ix[0], ix[-1]) for name, ix in calls.items() if len(ix) > 1}
         object.__setattr__(self, "_shared", shared)
+        # A shared layer whose only state is trainable weights (tied embeddings) may be
+        # split: a later stage borrows the weights (pipeline/tied.py). Other state (BatchNorm
+        # statistics, a seed) exists once and is updated call by call: kept in one stage.
         object.__setattr__(self, "_forbidden", frozenset(
-            c for first, last in shared.values() for c in range(first, last)))
+            c for first, last in shared.values() if not self._tieable(first)
+            for c in range(first, last)))
 
     @classmethod
     def from_model(cls, model: keras.Model) -> LayerGraph:
@@ -315,6 +326,10 @@ class LayerGraph:
     def notes(self) -> tuple[str, ...]:
         """Why nested models stayed single nodes (the plan table prints these)."""
         return tuple(node.opaque for node in self.nodes if node.opaque)
+
+    def _tieable(self, node: int) -> bool:
+        layer = self._layers[node] if node < len(self._layers) else None
+        return layer is not None and not list(getattr(layer, "non_trainable_weights", ()))
 
     @property
     def shared_layers(self) -> Mapping[str, tuple[int, int]]:

@@ -94,6 +94,7 @@ class LayerCost:
     trainable_param_bytes: int
     activation_bytes: int
     update_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    tied_bytes: int = 0   # a tied layer's later call: its borrowed copy (LayerNode.tied_bytes)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "time_s", types.MappingProxyType(dict(self.time_s)))
@@ -540,6 +541,7 @@ def profile_model(
             param_bytes=node.param_bytes,
             trainable_param_bytes=node.trainable_param_bytes,
             activation_bytes=node.output_bytes_per_sample * batch_size,
+            tied_bytes=node.tied_bytes,
         )
         for i, node in enumerate(graph.nodes)
     )

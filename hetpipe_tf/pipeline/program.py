@@ -10,7 +10,8 @@ module adds only what running the graph in stages needs:
   (the model inputs the graph reads), `cut(L - 1)` is what the last stage emits (the model
   outputs). Skip connections that jump over a stage pass through it unchanged.
 - Feeding the model's inputs to stage 0 and packing y_pred as Keras' Functional does.
-- Refusing a split that puts the calls of one shared layer in different stages.
+- Refusing a split that puts the calls of one shared layer with non-trainable state in
+  different stages (tied trainable weights may be split: `tied.py`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from hetpipe_tf.partitioner.layer_graph import LayerGraph, TensorRef
 
 def check_shared_layers_kept_together(graph: LayerGraph, bounds: Sequence[tuple[int, int]]
                                       ) -> None:
-    """Raise ValueError if the calls of a shared layer (e.g. tied input/output embeddings)
-    fall in different stages (`bounds`: each stage's first..last node): its weights exist
-    once, on one device, and the pipeline keeps them so rather than copy them."""
+    """Raise ValueError if the calls of a shared layer with state other than trainable
+    weights (BatchNorm statistics, a seed) fall in different stages (`bounds`: each stage's
+    first..last node): that state exists once and each call updates it in order. Tied
+    trainable weights (embeddings) may be split: a later stage borrows them (tied.py)."""
     stage_of = {}
     for j, (first, last) in enumerate(bounds):
         for i in range(first, last + 1):
@@ -35,11 +37,12 @@ def check_shared_layers_kept_together(graph: LayerGraph, bounds: Sequence[tuple[
     for name, (first, last) in graph.shared_layers.items():
         calls = [n.index for n in graph.nodes if n.layer_name == name]
         stages = sorted({stage_of[i] for i in calls})
-        if len(stages) > 1:
+        if len(stages) > 1 and not all(graph.allowed_cut(c) for c in range(first, last)):
             allowed = [c for c in range(len(graph) - 1) if graph.allowed_cut(c)]
             raise ValueError(
-                "A shared layer's calls must run in one stage: its weights exist once, on "
-                f"one device (HetPipe keeps one copy). Received: layer {name!r} called at "
+                "A shared layer with state other than trainable weights must run its calls "
+                "in one stage: that state exists once and each call updates it in order. "
+                f"Received: layer {name!r} called at "
                 f"nodes {calls} ({[graph.nodes[i].name for i in calls]}), placed in stages "
                 f"{stages}; cut only after nodes {_ranges(allowed)} (the planner does), or "
                 "untie the weights (separate layers).")

@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core.schedule import Task, TaskKind
+from hetpipe_tf.pipeline import tied
 from hetpipe_tf.pipeline.executor import Executor
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
@@ -86,6 +87,8 @@ class Minibatch:
     deltas: dict = dataclasses.field(default_factory=dict)
     extra_loss: Any = 0.0
     run: int = 0   # the runtime's run id when submitted; an abort drops older runs' work
+    tied: dict = dataclasses.field(default_factory=dict)        # lent versions (tied.py)
+    tied_grads: dict = dataclasses.field(default_factory=dict)  # borrowers' gradients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +314,7 @@ class PipelineRuntime(Executor):
         if kind is TaskKind.FORWARD:
             inputs = mb.inputs if j == 0 else payload
             tvals, nvals = self.versions.take(mb.id, j)
+            tvals = tied.with_borrowed(stage, mb.tied, tvals)
             outputs, extra, deltas, saved = stage.forward(tvals, nvals, inputs)
             mb.saved[j] = saved
             mb.deltas[j] = deltas
@@ -321,6 +325,7 @@ class PipelineRuntime(Executor):
         elif kind is TaskKind.FORWARD_BACKWARD:
             inputs = mb.inputs if j == 0 else payload
             tvals, nvals = self.versions.take(mb.id, j)
+            tvals = tied.with_borrowed(stage, mb.tied, tvals)
             extra = None if j == 0 else mb.extra_loss
             if self._fuse_metrics:
                 with self._metrics_lock:
@@ -335,7 +340,7 @@ class PipelineRuntime(Executor):
                 with self._metrics_lock, tf.device(stage.device):
                     self._set_logs(self._update_metrics(
                         total, mb.y, stage.program.pack_outputs(outputs), mb.sample_weight))
-            mb.grads[j] = wg
+            mb.grads[j] = tied.own_grads(stage, mb.tied_grads, mb.tied, wg)
             mb.deltas[j] = deltas
             # Let go of p's version before the commit applies u_p: a version still alive then
             # makes the update copy every variable it changes (copy-on-write).
@@ -347,7 +352,7 @@ class PipelineRuntime(Executor):
                 self._put(self._queues[j - 1], (TaskKind.BACKWARD, mb, in_grads))
         else:
             wg, in_grads = stage.backward(mb.saved.pop(j), payload)
-            mb.grads[j] = wg
+            mb.grads[j] = tied.own_grads(stage, mb.tied_grads, mb.tied, wg)
             self._record(j, kind, mb.id, t0)
             if j == 0:
                 self._commit(mb)

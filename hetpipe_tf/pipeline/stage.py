@@ -80,6 +80,12 @@ class Stage:
         self.emulated_speed_factor = float(emulated_speed_factor)
         self.layers = program.stage_layers(first, last)
         self.trainable, nts = program.stage_variables(first, last)
+        # Tied weights (a layer called in two stages): an earlier stage owns the variable
+        # (its StageWeights version it, its optimizer applies it); this stage BORROWS it:
+        # the owner's version of the minibatch is appended to `tvals` (`tied.py`) and its
+        # gradient is summed into the owner's. `lent`: own variables later stages borrow.
+        self.borrowed: list = []
+        self.lent: list = []
         self.versioned_nt = [v for v in nts if tf.as_dtype(v.dtype).is_floating]
         self.sequential_nt = [v for v in nts if not tf.as_dtype(v.dtype).is_floating]
         self.in_refs: tuple[TensorRef, ...] = program.cut(first - 1)
@@ -98,9 +104,34 @@ class Stage:
 
     @classmethod
     def for_plan(cls, plan, program: Program, model) -> list["Stage"]:
-        """The stages of `plan` (a partitioner Plan) over `program`, in pipeline order."""
-        return [cls(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
-                    s.emulated_speed_factor, model) for s in plan.stages]
+        """The stages of `plan` (a partitioner Plan) over `program`, in pipeline order; a
+        trainable variable used by several stages is owned by the first (tied weights)."""
+        stages = [cls(s.index, plan.num_stages, program, s.first, s.last, s.tf_device,
+                      s.emulated_speed_factor, model) for s in plan.stages]
+        owner: dict[int, Stage] = {}
+        for stage in stages:
+            own = []
+            for v in stage.trainable:
+                first = owner.setdefault(id(v), stage)
+                if first is stage:
+                    own.append(v)
+                else:
+                    stage.borrowed.append(v)
+                    if not any(v is x for x in first.lent):
+                        first.lent.append(v)
+            stage.trainable = own
+        states: dict[int, int] = {}
+        for stage in stages:
+            for v in [*stage.versioned_nt, *stage.sequential_nt]:
+                if states.setdefault(id(v), stage.index) != stage.index:
+                    raise ValueError(
+                        "A layer called in two stages may share trainable weights only: its "
+                        "other state (BatchNorm statistics, a dropout seed) exists once and "
+                        "is updated by each call in order. Received: "
+                        f"{getattr(v, 'path', v.name)!r} used by stages {states[id(v)]} "
+                        f"and {stage.index}; cut the model "
+                        "elsewhere or give each call its own layer.")
+        return stages
 
     # --- the compiled bodies -----------------------------------------------------------
     def _forward_impl(self, tvals, vvals, svals, inputs):
@@ -111,7 +142,8 @@ class Stage:
         inputs = [x if need else tf.stop_gradient(x)
                   for x, need in zip(inputs, self._grad_mask(inputs))]
         vvals = [tf.stop_gradient(v) for v in vvals]
-        mapping = (list(zip(self.trainable, tvals)) + list(zip(self.versioned_nt, vvals))
+        mapping = (list(zip([*self.trainable, *self.borrowed], tvals))
+                   + list(zip(self.versioned_nt, vvals))
                    + list(zip(self.sequential_nt, svals)))
         with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
             env = dict(zip(self.in_refs, inputs))

@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.core.sync_schedule import Action, ActionKind, Schedule, actions
+from hetpipe_tf.pipeline import tied
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.executor import Executor
 from hetpipe_tf.pipeline.runtime import PipelineError, RecordView, TraceEvent
@@ -134,6 +135,7 @@ class SyncPipelineRuntime(Executor):
                  on_run_start: Callable[[], None] | None = None,
                  on_run_end: Callable[[], None] | None = None):
         self.schedule = Schedule.parse(schedule)
+        tied.refuse_borrowed(stages, f"the {self.schedule.name} schedule")
         if not self.schedule.synchronous:
             raise ValueError(f"SyncPipelineRuntime runs synchronous schedules. Received: "
                              f"schedule={self.schedule}; use PipelineRuntime for HETPIPE.")

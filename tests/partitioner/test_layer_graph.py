@@ -217,7 +217,7 @@ def test_nested_call_keras_would_convert_stays_one_node():
     np.testing.assert_allclose(graph.run([v])[0], model(v), rtol=1e-6)
 
 
-def test_tied_weights_forbid_the_cuts_between_their_calls():
+def test_tied_weights_allow_cuts_a_shared_layer_with_state_forbids_them():
     x = keras.Input((6,))
     tied = L.Dense(6, name="tied")
     h = L.Dense(6, name="mid")(tied(x))
@@ -225,6 +225,10 @@ def test_tied_weights_forbid_the_cuts_between_their_calls():
     graph = LayerGraph.from_model(model)
     assert [n.name for n in graph.nodes] == ["tied", "mid", "tied@1", "out"]
     assert graph.shared_layers == {"tied": (0, 2)}
+    assert graph.forbidden_cuts() == frozenset()   # trainable weights only: borrowed
+    norm = L.BatchNormalization(name="norm")       # moving statistics: kept together
+    h = L.Dense(6, name="mid2")(norm(x))
+    graph = LayerGraph.from_model(keras.Model(x, L.Dense(1, name="out2")(norm(h))))
     assert [graph.allowed_cut(c) for c in range(3)] == [False, False, True]
     assert graph.forbidden_cuts() == frozenset({0, 1})
 

@@ -60,14 +60,14 @@ def test_too_many_devices_for_the_allowed_cuts_is_refused_by_name():
 
 def test_profile_records_forbidden_cuts_and_json_keeps_them():
     x = keras.Input((6,))
-    tied = keras.layers.Dense(6, name="tied")
-    h = keras.layers.Dense(6, name="mid")(tied(x))
-    model = keras.Model(x, keras.layers.Dense(1, name="out")(tied(h)))
+    shared = keras.layers.BatchNormalization(name="shared")   # state beyond its weights
+    h = keras.layers.Dense(6, name="mid")(shared(x))
+    model = keras.Model(x, keras.layers.Dense(1, name="out")(shared(h)))
     cluster = Cluster.local(["LOCAL_CPU"] * 2)
     result = plan_model(model, cluster, 8, measure=False)
     assert result.profile.forbidden_cuts == (0, 1)
     assert ModelProfile.from_json(result.profile.to_json()).forbidden_cuts == (0, 1)
-    assert [s.layer_names for s in result.plan.stages] == [("tied", "mid", "tied@1"),
+    assert [s.layer_names for s in result.plan.stages] == [("shared", "mid", "shared@1"),
                                                           ("out",)]
     old = result.profile.to_dict()
     del old["forbidden_cuts"]                           # a profile saved before the field
@@ -76,3 +76,17 @@ def test_profile_records_forbidden_cuts_and_json_keeps_them():
     # The stages' own updates (SGD by default) are in the plan and its table.
     assert all(s.update_s > 0 for s in result.plan.stages)
     assert "update ms" in result.plan.table()
+
+
+def test_a_tied_layer_may_be_split_and_its_later_call_is_charged_the_borrowed_copy():
+    x = keras.Input((6,))
+    tied = keras.layers.Dense(6, name="tied")
+    h = keras.layers.Dense(6, name="mid")(tied(x))
+    model = keras.Model(x, keras.layers.Dense(1, name="out")(tied(h)))
+    result = plan_model(model, Cluster.local(["LOCAL_CPU"] * 2), 8, measure=False)
+    assert result.profile.forbidden_cuts == ()
+    layers = {l.name: l for l in result.profile.layers}
+    kernel_and_bias = (6 * 6 + 6) * 4
+    assert layers["tied@1"].tied_bytes == 2 * kernel_and_bias   # copy + its gradient
+    assert layers["tied"].tied_bytes == layers["mid"].tied_bytes == 0
+    assert ModelProfile.from_json(result.profile.to_json()).layers[2].tied_bytes == 2 * 168

@@ -52,9 +52,9 @@ def test_cut_carries_model_outputs_to_the_last_stage():
     assert all(r.is_model_input for r in program.cut(-1)) and len(program.cut(-1)) == 2
 
 
-def _tied():
+def _tied(layer=None):
     inp = keras.Input((8,))
-    shared = keras.layers.Dense(8, name="shared")
+    shared = layer or keras.layers.Dense(8, name="shared")
     return keras.Model(inp, keras.layers.Dense(1, name="out")(shared(shared(inp))))
 
 
@@ -63,10 +63,11 @@ def test_a_shared_layer_is_one_layer_of_its_stage():
     assert program.layer_names == ("shared", "shared@1", "out")
     assert [l.name for l in program.stage_layers(0, 2)] == ["shared", "out"]
     check_shared_layers_kept_together(program.graph, [(0, 1), (2, 2)])  # together: fine
+    check_shared_layers_kept_together(program.graph, [(0, 0), (1, 2)])  # tied weights: fine
 
 
-def test_a_split_between_the_calls_of_a_shared_layer_is_refused():
-    program = Program.from_model(_tied())
+def test_a_split_between_the_calls_of_a_shared_layer_with_state_is_refused():
+    program = Program.from_model(_tied(keras.layers.BatchNormalization(name="shared")))
     with pytest.raises(ValueError, match=r"layer 'shared' called at nodes \[0, 1\].*stages "
                                          r"\[0, 1\]; cut only after nodes 1 "):
         check_shared_layers_kept_together(program.graph, [(0, 0), (1, 2)])

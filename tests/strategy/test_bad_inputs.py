@@ -75,7 +75,8 @@ def test_plan_that_does_not_match_the_model():
 
 @pytest.mark.parametrize("bad", ["stateful", "mask", "shared"])
 def test_layers_the_runtime_cannot_place(bad):
-    # "shared": a hand-made plan that puts the two calls of one layer in two stages.
+    # "shared": a hand-made plan that puts the two calls of a layer with moving statistics
+    # in two stages (tied trainable weights may be split: test_nested_models.py).
     strategy = (HetPipeStrategy(plan=lambda m: manual_plan(
         m, [StageSpec(DEVICES[0], 1), StageSpec(DEVICES[1], 2)], n_m=2))
         if bad == "shared" else _strategy(k=2))
@@ -91,9 +92,10 @@ def test_layers_the_runtime_cannot_place(bad):
             match = "mask_zero=True"
         else:
             inp = keras.Input((8,))
-            shared = keras.layers.Dense(8, name="shared")
+            shared = keras.layers.BatchNormalization(name="shared")   # state beyond weights
             h = shared(shared(inp))
-            match = r"shared layer's calls must run in one stage.*'shared'.*stages \[0, 1\]"
+            match = (r"shared layer with state other than trainable weights must run its "
+                     r"calls in one stage.*'shared'.*stages \[0, 1\]")
         model = keras.Model(inp, keras.layers.Dense(1)(h))
         model.compile("sgd", "mse")
     if bad == "stateful":

@@ -366,7 +366,9 @@ class SyncPipelineRuntime(Executor):
             return
         t1 = time.perf_counter()
         self.action_trace.append((mb.id, a, t0, t1))
-        num = (mb.id - 1) * m_count + (m_count if a.micro_batch < 0 else a.micro_batch + 1)
+        if a.kind is ActionKind.APPLY:   # updates are in update_s, as PipelineRuntime's
+            return
+        num = (mb.id - 1) * m_count + a.micro_batch + 1
         self.trace.append(TraceEvent(Task(j, num, _KIND[a.kind]), t0, t1))
 
     def _run_minibatch(self, j: int, mb: _Minibatch) -> None:

@@ -153,3 +153,21 @@ def test_rematerialization_refuses_a_forward_that_is_not_repeatable():
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert_weights_close(model.get_weights(), w0, atol=0)
     strategy.close()
+
+
+def test_pipeline_monitor_reads_the_synchronous_trace():
+    from hetpipe_tf.core.schedule import TaskKind
+    from hetpipe_tf.observe.callbacks import PipelineMonitor
+    x, y = regression_data(32)
+    strategy = _strategy(schedule=Schedule.ONE_F_ONE_B, micro_batches=2)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    monitor = PipelineMonitor(strategy)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[monitor])
+    rt = strategy.pipeline(model)
+    # Updates are in update_s (as PipelineRuntime's), micro-batches numbered globally.
+    assert {e.task.kind for e in rt.trace} == {TaskKind.FORWARD, TaskKind.BACKWARD}
+    assert {e.task.minibatch for e in rt.trace} == set(range(1, 9))
+    assert len(rt.update_s) == 4 and len(monitor.comparison.stages) == 2
+    strategy.close()

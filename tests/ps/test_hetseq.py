@@ -110,3 +110,47 @@ def test_planned_shares_follow_the_emulated_speed():
     assert sizes[3] == pytest.approx(sizes[0] / 2, abs=1)
     assert_weights_close(model.get_weights(), ref.get_weights())
     strategy.close()
+
+
+def test_a_failing_device_stops_the_fit_with_its_error_and_training_goes_on_after():
+    x, y = regression_data(48, 0)
+    strategy = HetPipeStrategy(_cluster(), data_parallel="hetseq", shares=[3, 3, 1, 1])
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)
+    ex = strategy.extended.pipelines[id(model)].executor
+    stage = ex.stages[2]
+    original = stage.share_task
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    stage.share_task = broken
+    w = model.get_weights()
+    with pytest.raises(RuntimeError, match="device lost"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert ex.completed == ex.submitted   # the failed step was never applied
+    assert ex.completed == 2 and ex.dropped >= 1
+    assert_weights_close(model.get_weights(), w)
+    stage.share_task = original
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)   # the error was cleared
+    assert ex.completed == 2 + 6
+    strategy.close()
+    assert ex.closed
+
+
+def test_emulation_by_speeds_makes_each_share_take_its_predicted_time():
+    from hetpipe_tf.partitioner.shares import DeviceSpeed
+    x, y = regression_data(32, 0)
+    strategy = HetPipeStrategy(_cluster([1.0, 1.0]), data_parallel="hetseq", shares=[6, 2])
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    model.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0)
+    ex = strategy.extended.pipelines[id(model)].executor
+    ex.emulate_speeds = (DeviceSpeed("a", 0.001), DeviceSpeed("b", 0.05))   # 6 ms, 100 ms
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert min(list(ex.step_s)[-4:]) >= 0.1
+    assert ex.stages[1].emulated_sleep_s > 0.3 and ex.stages[1].emulation_overruns == 0
+    strategy.close()

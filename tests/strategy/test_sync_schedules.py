@@ -171,3 +171,25 @@ def test_pipeline_monitor_reads_the_synchronous_trace():
     assert {e.task.minibatch for e in rt.trace} == set(range(1, 9))
     assert len(rt.update_s) == 4 and len(monitor.comparison.stages) == 2
     strategy.close()
+
+
+def test_fit_with_sample_weights_and_weighted_metrics_equals_plain_keras():
+    x, y = regression_data(40, seed=3)
+    sw = np.random.RandomState(2).uniform(0.1, 3.0, size=len(x)).astype("float32")
+    strategy = _strategy(schedule=Schedule.GPIPE, micro_batches=4)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(OPTS["adam"](), "mse", metrics=["mae"], weighted_metrics=["mse"])
+    w0 = model.get_weights()
+    got = model.fit(x, y, sample_weight=sw, batch_size=8, epochs=2, shuffle=False,
+                    verbose=0).history
+    ref = skip_model(0)
+    ref.set_weights(w0)
+    ref.compile(OPTS["adam"](), "mse", metrics=["mae"], weighted_metrics=["mse"])
+    want = ref.fit(x, y, sample_weight=sw, batch_size=8, epochs=2, shuffle=False,
+                   verbose=0).history
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    strategy.close()

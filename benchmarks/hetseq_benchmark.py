@@ -150,7 +150,7 @@ def main(argv: list[str]) -> None:
         fitted[name] = (model, ds)
     by_speed = rows["HetSeq, shares by speed (emulated)"]
     model = fitted["HetSeq, shares by speed (emulated)"][0]
-    shares = by_speed.extended.pipelines[id(model)].executor.shares
+    shares = by_speed.executor(model).shares
     # Calibration: seconds a device takes per sample at real speed when all K work at once
     # (their shares start together and share the cores): K / samples per second of the
     # equal split at real speed. The emulated devices take that / their factor.
@@ -160,7 +160,7 @@ def main(argv: list[str]) -> None:
     executors = {}
     for name, strategy in rows.items():
         if isinstance(strategy, HetPipeStrategy):
-            ex = strategy.extended.pipelines[id(fitted[name][0])].executor
+            ex = strategy.executor(fitted[name][0])
             executors[name] = ex
             if (_EMULATION.value == "speeds"
                     and min(s.emulated_speed_factor for s in ex.stages) < 1):

@@ -53,7 +53,7 @@ def main() -> None:
         model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
                       metrics=["accuracy"])
     history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=2)
-    executor = strategy.extended.pipelines[id(model)].executor
+    executor = strategy.executor(model)
     print(f"shares of a batch of {args.batch_size}: {list(executor.shares.sizes)}; the "
           f"epoch's last, smaller batch was split {list(executor.splits)[-1]}")
     print(f"final loss {history.history['loss'][-1]:.4f}, accuracy "

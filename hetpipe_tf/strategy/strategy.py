@@ -136,6 +136,13 @@ class HetPipeStrategy(tf.distribute.Strategy):
             return None
         return t.executor
 
+    def executor(self, model):
+        """The executor training `model` (a PipelineRuntime, InGraphRuntime,
+        SyncPipelineRuntime, Coordinator, or HetSeqExecutor with `shares` and `splits` in
+        HetSeq mode); None before its first fit."""
+        t = self.extended.pipelines.get(id(model))
+        return None if t is None else t.executor
+
     def drain(self) -> None:
         """Wait until every minibatch handed to the pipeline completed (weights up to date)."""
         self.extended.drain()

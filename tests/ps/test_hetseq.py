@@ -58,7 +58,7 @@ def test_a_step_over_unequal_shares_is_one_step_on_the_whole_batch(opt):
     assert_weights_close(model.get_weights(), ref.get_weights())
     assert_weights_close(model.optimizer.variables, [v.numpy() for v in ref.optimizer.variables])
     _same_history(h, r)
-    ex = strategy.extended.pipelines[id(model)].executor
+    ex = strategy.executor(model)
     assert ex.completed == 10 and set(ex.splits) == {(5, 3, 2, 2)}
     strategy.close()
 
@@ -93,7 +93,7 @@ def test_an_epochs_remainder_batch_is_split_in_proportion_and_trains():
                                        lambda: keras.optimizers.SGD(0.05), "mse", [],
                                        dict(x=x, y=y, batch_size=12, epochs=1),
                                        shares=[5, 3, 2, 2])
-    ex = strategy.extended.pipelines[id(model)].executor
+    ex = strategy.executor(model)
     assert list(ex.splits) == [(5, 3, 2, 2), (5, 3, 2, 2), (3, 1, 1, 1)]
     assert_weights_close(model.get_weights(), ref.get_weights())
     _same_history(h, r)
@@ -105,7 +105,7 @@ def test_planned_shares_follow_the_emulated_speed():
     strategy, model, h, ref, r = _both(lambda: skip_model(0),
                                        lambda: keras.optimizers.SGD(0.05), "mse", [],
                                        dict(x=x, y=y, batch_size=28, epochs=1))
-    sizes = strategy.extended.pipelines[id(model)].executor.shares.sizes
+    sizes = strategy.executor(model).shares.sizes
     assert sum(sizes) == 28 and sizes[3] < min(sizes[:3])
     assert sizes[3] == pytest.approx(sizes[0] / 2, abs=1)
     assert_weights_close(model.get_weights(), ref.get_weights())
@@ -119,7 +119,7 @@ def test_a_failing_device_stops_the_fit_with_its_error_and_training_goes_on_afte
         model = skip_model(0)
         model.compile(keras.optimizers.SGD(0.05), "mse")
     model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)
-    ex = strategy.extended.pipelines[id(model)].executor
+    ex = strategy.executor(model)
     stage = ex.stages[2]
     original = stage.share_task
 
@@ -148,9 +148,48 @@ def test_emulation_by_speeds_makes_each_share_take_its_predicted_time():
         model = skip_model(0)
         model.compile(keras.optimizers.SGD(0.05), "mse")
     model.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0)
-    ex = strategy.extended.pipelines[id(model)].executor
+    ex = strategy.executor(model)
     ex.emulate_speeds = (DeviceSpeed("a", 0.001), DeviceSpeed("b", 0.05))   # 6 ms, 100 ms
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert min(list(ex.step_s)[-4:]) >= 0.1
     assert ex.stages[1].emulated_sleep_s > 0.3 and ex.stages[1].emulation_overruns == 0
+    strategy.close()
+
+
+def test_batchnorm_moving_mean_of_the_inputs_equals_the_whole_batchs():
+    # BatchNorm on the inputs: each share's change of the moving mean, weighted by its
+    # share, adds up to the whole batch's (the moving variance and the normalisation use
+    # each share's own statistics, as MirroredStrategy without SyncBN: not compared).
+    def build():
+        inp = keras.Input((8,))
+        h = keras.layers.BatchNormalization(name="bn")(inp)
+        out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(0),
+                                 name="out")(h)
+        return keras.Model(inp, out)
+
+    rs = np.random.RandomState(3)
+    x = (rs.randn(24, 8) * 3 + 1).astype("float32")
+    y = rs.randn(24, 1).astype("float32")
+    strategy, model, h, ref, r = _both(build, lambda: keras.optimizers.SGD(0.05), "mse", [],
+                                       dict(x=x, y=y, batch_size=12, epochs=1),
+                                       shares=[5, 3, 2, 2])
+    mm = model.get_layer("bn").moving_mean.numpy()
+    np.testing.assert_allclose(mm, ref.get_layer("bn").moving_mean.numpy(), rtol=1e-5,
+                               atol=1e-6)
+    assert np.abs(mm).max() > 0.01   # it moved
+    strategy.close()
+
+
+def test_evaluate_and_predict_after_fit_see_the_trained_weights():
+    x, y = regression_data(24, 0)
+    strategy, model, h, ref, r = _both(lambda: skip_model(0),
+                                       lambda: keras.optimizers.SGD(0.05), "mse", ["mae"],
+                                       dict(x=x, y=y, batch_size=12, epochs=1,
+                                            validation_data=(x[:8], y[:8])),
+                                       shares=[5, 3, 2, 2])
+    _same_history(h, r)   # val_loss and val_mae included
+    np.testing.assert_allclose(model.evaluate(x, y, verbose=0), ref.evaluate(x, y, verbose=0),
+                               rtol=1e-5)
+    np.testing.assert_allclose(model.predict(x, verbose=0), ref.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)
     strategy.close()

@@ -78,6 +78,6 @@ def test_a_later_larger_batch_is_refused_and_a_smaller_one_split_in_proportion()
         model.fit(x, y, batch_size=24, epochs=1, verbose=0)
     assert_weights_close(model.get_weights(), w)
     model.fit(x, y, batch_size=6, epochs=1, verbose=0)
-    ex = strategy.extended.pipelines[id(model)].executor
+    ex = strategy.executor(model)
     assert list(ex.splits)[-4:] == [(3, 1, 1, 1)] * 4
     strategy.close()

@@ -9,7 +9,8 @@ executor is `hetpipe_tf.ps.hetseq.HetSeqExecutor`: one synchronous step per batc
 one step of the model's optimizer on the whole batch.
 
 Refused before training: HetSeq with a plan or an allocation (it forms its own layout),
-with clock_distance > 0 or n_m > 1 (synchronous only; bounded staleness between unequal
+a synchronous pipeline schedule or a staleness compensation (at the first fit), with
+clock_distance > 0 or n_m > 1 (synchronous only; bounded staleness between unequal
 devices is the WSP mode's: several virtual workers, a faster one taking more minibatches),
 without a cluster; shares given by hand that are not ints >= 1, that do not sum to the
 planned batch size, or exceed a device's memory; a global batch smaller than the number
@@ -94,6 +95,23 @@ def check_arguments(mode: DataParallel, shares: Any, *, plans: tuple, plan_fn: A
     return tuple(int(n) for n in shares)
 
 
+def check_layout_options(extended) -> None:
+    """Options of the pipelined layouts that mean nothing here, refused by name (their
+    values are set on the strategy after `check_arguments` ran)."""
+    schedule = getattr(extended, "schedule", None)
+    if schedule is not None and getattr(schedule, "synchronous", False):
+        raise ValueError(
+            "HetSeq mode has no pipeline to schedule: every device runs the whole model on "
+            f"its share. Received: data_parallel='hetseq' with schedule={schedule}; drop "
+            "schedule (a HetSeq step is already one step on the whole batch).")
+    compensation = getattr(extended, "compensation", None)
+    if compensation is not None and getattr(compensation, "value", "none") != "none":
+        raise ValueError(
+            "HetSeq mode is synchronous: there is no staleness to compensate. Received: "
+            f"data_parallel='hetseq' with compensation={compensation.value!r}; drop "
+            "compensation.")
+
+
 def plan_shares(model, cluster, batch_size: int, given: tuple[int, ...] | None) -> Shares:
     """The devices' shares of `batch_size` (module docstring)."""
     from hetpipe_tf.partitioner.layer_graph import LayerGraph
@@ -122,6 +140,7 @@ def build_hetseq(extended, model, program, batch_size: int, update_metrics, stra
     """The HetSeq executor of `model` over the cluster's devices (module docstring)."""
     from hetpipe_tf.strategy.planning import resolve_cluster
 
+    check_layout_options(extended)
     cluster = resolve_cluster(extended._cluster_arg)
     with tf.init_scope():
         shares = plan_shares(model, cluster, batch_size, extended.shares)

@@ -81,3 +81,11 @@ def test_a_later_larger_batch_is_refused_and_a_smaller_one_split_in_proportion()
     ex = strategy.executor(model)
     assert list(ex.splits)[-4:] == [(3, 1, 1, 1)] * 4
     strategy.close()
+
+
+def test_pipeline_options_that_mean_nothing_here_are_refused_at_the_first_fit():
+    from hetpipe_tf.core.sync_schedule import Schedule
+    _fit_refused(HetPipeStrategy(_cluster(), data_parallel="hetseq", schedule=Schedule.GPIPE,
+                                 micro_batches=2), 16, "no pipeline to schedule")
+    _fit_refused(HetPipeStrategy(_cluster(), data_parallel="hetseq", compensation="predict"),
+                 16, "no staleness to compensate")

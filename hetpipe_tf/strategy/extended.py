@@ -323,8 +323,9 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     def _make_plans(self, model, batch_size) -> tuple:
         from hetpipe_tf.strategy.planning import plan_virtual_workers, plan_with_partitioner
         if self.allocation is None:
+            from hetpipe_tf.strategy.schedules import sync_memory
             return plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
-                                         self.max_m)
+                                         self.max_m, sync=sync_memory(self))
         return plan_virtual_workers(model, batch_size, self._cluster_arg, self.allocation,
                                     self.num_virtual_workers, self.n_m, self.max_m)
 

@@ -64,7 +64,7 @@ def groups_within(devices: Sequence[Any], most: int) -> list[tuple]:
 
 
 def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
-                          max_m: int | None) -> tuple:
+                          max_m: int | None, sync=None) -> tuple:
     """Profile and partition `model` with hetpipe_tf.partitioner.planner.plan_model: one
     virtual worker of every device, or, when the model has fewer stages to give than the
     cluster has devices, the fewest VWs that use every device (data parallelism between
@@ -85,7 +85,8 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
             model.name, most, len(cl.devices), len(vws),
             "/".join(str(len(v)) for v in vws), [[d.name for d in v] for v in vws])
         return plan_devices(model, batch_size, cl, vws, n_m, max_m)
-    result = plan_model(model, cl, batch_size, n_m=n_m, optimizer=model.optimizer)
+    # `sync`: a synchronous schedule's memory model (partitioner/cost.py SyncMemory).
+    result = plan_model(model, cl, batch_size, n_m=n_m, optimizer=model.optimizer, sync=sync)
     if max_m is not None and result.plan.n_m > max_m:
         result = plan_model(model, cl, batch_size, n_m=max_m, optimizer=model.optimizer,
                             profile=result.profile)

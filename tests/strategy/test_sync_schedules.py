@@ -193,3 +193,20 @@ def test_fit_with_sample_weights_and_weighted_metrics_equals_plain_keras():
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key)
     strategy.close()
+
+
+def test_the_strategys_planner_plans_for_the_schedule():
+    from hetpipe_tf.cluster.spec import Cluster
+    x, y = regression_data(32)
+    strategy = HetPipeStrategy(Cluster.local(["LOCAL_CPU", "LOCAL_CPU"]),
+                               schedule=Schedule.ONE_F_ONE_B, micro_batches=4,
+                               rematerialize=True)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    plan = strategy.plan
+    # Planned with 1F1B's memory model: micro-batches held min(K - j, M), N_m = 1.
+    assert plan.n_m == 1 and [s.minibatches_held for s in plan.stages] == [2, 1]
+    assert isinstance(strategy.pipeline(model), SyncPipelineRuntime)
+    strategy.close()

@@ -29,7 +29,8 @@ def arguments_checked_first(init):
     @functools.wraps(init)
     def checked(self, *args, **kwargs):
         check_arguments(kwargs.get("schedule", Schedule.HETPIPE), kwargs.get("micro_batches"),
-                        kwargs.get("rematerialize", False), kwargs.get("n_m"))
+                        kwargs.get("rematerialize", False), kwargs.get("n_m"),
+                        kwargs.get("data_parallel"))
         return init(self, *args, **kwargs)
     return checked
 
@@ -46,9 +47,16 @@ def configure(extended, schedule: Any, micro_batches: Any, rematerialize: Any,
 
 
 def check_arguments(schedule: Any, micro_batches: Any, rematerialize: Any,
-                    n_m: Any) -> Schedule:
+                    n_m: Any, data_parallel: Any = None) -> Schedule:
     """Refuse bad schedule arguments before anything is built; returns the Schedule."""
     schedule = Schedule.parse(schedule)
+    hetseq = str(getattr(data_parallel, "value", data_parallel)).lower() == "hetseq"
+    if schedule.synchronous and hetseq:
+        raise ValueError(
+            "HetSeq data parallelism holds the whole model on every device; a pipeline "
+            f"schedule needs stages. Received: schedule={schedule}, "
+            f"data_parallel={data_parallel!r}; use one of them (HetSeq is one synchronous "
+            "step per batch already).")
     if not isinstance(rematerialize, bool):
         raise ValueError("rematerialize must be True or False. Received: "
                          f"rematerialize={rematerialize!r}.")

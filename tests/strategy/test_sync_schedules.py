@@ -109,6 +109,8 @@ def test_bad_arguments_are_refused_when_the_strategy_is_made():
         _strategy(rematerialize=True)
     with pytest.raises(ValueError, match="Received: schedule='zero_bubble'"):
         _strategy(schedule="zero_bubble")
+    with pytest.raises(ValueError, match="data_parallel='hetseq'"):
+        HetPipeStrategy(schedule=Schedule.GPIPE, micro_batches=2, data_parallel="hetseq")
 
 
 @pytest.mark.parametrize("m, batch, loss, match", [

@@ -212,3 +212,12 @@ def test_the_strategys_planner_plans_for_the_schedule():
     assert plan.n_m == 1 and [s.minibatches_held for s in plan.stages] == [2, 1]
     assert isinstance(strategy.pipeline(model), SyncPipelineRuntime)
     strategy.close()
+
+
+def test_an_epochs_smaller_last_batch_is_split_unevenly_and_still_equals_keras():
+    # 38 rows in batches of 16: the last batch has 6 rows, split 2 + 2 + 1 + 1.
+    strategy, model, ref, got, want = _fit_both(skip_model, 2, Schedule.ONE_F_ONE_B, 4,
+                                                "adam", n=38, batch=16, epochs=2)
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5, atol=1e-6)
+    strategy.close()

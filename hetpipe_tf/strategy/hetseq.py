@@ -9,7 +9,8 @@ executor is `hetpipe_tf.ps.hetseq.HetSeqExecutor`: one synchronous step per batc
 one step of the model's optimizer on the whole batch.
 
 Refused before training: HetSeq with a plan or an allocation (it forms its own layout),
-a synchronous pipeline schedule or a staleness compensation (at the first fit), with
+a synchronous pipeline schedule, a staleness compensation or a loss that does not average
+over the batch (at the first fit), with
 clock_distance > 0 or n_m > 1 (synchronous only; bounded staleness between unequal
 devices is the WSP mode's: several virtual workers, a faster one taking more minibatches),
 without a cluster; shares given by hand that are not ints >= 1, that do not sum to the
@@ -26,6 +27,7 @@ import logging
 import numbers
 from typing import Any, Sequence
 
+import keras
 import tensorflow as tf
 
 from hetpipe_tf.cluster.local import host_cpu_device
@@ -112,6 +114,26 @@ def check_layout_options(extended) -> None:
             "compensation.")
 
 
+def check_loss_reduction(model) -> None:
+    """Weighting a share's loss by n_k / N is exact for losses that average over the share
+    (Keras' default "sum_over_batch_size", or "mean"); a Loss object with another reduction
+    is refused."""
+    pending = [getattr(model, "loss", None)]
+    while pending:
+        loss = pending.pop()
+        if isinstance(loss, dict):
+            pending.extend(loss.values())
+        elif isinstance(loss, (list, tuple)):
+            pending.extend(loss)
+        elif isinstance(loss, keras.losses.Loss) and loss.reduction not in (
+                "sum_over_batch_size", "mean"):
+            raise ValueError(
+                "HetSeq weights each share's loss by its share of the batch, which equals "
+                "the whole batch's loss only for a loss that averages over the batch. "
+                f"Received: {type(loss).__name__} with reduction={loss.reduction!r}; use "
+                "reduction='sum_over_batch_size' (the default).")
+
+
 def plan_shares(model, cluster, batch_size: int, given: tuple[int, ...] | None) -> Shares:
     """The devices' shares of `batch_size` (module docstring)."""
     from hetpipe_tf.partitioner.layer_graph import LayerGraph
@@ -141,6 +163,7 @@ def build_hetseq(extended, model, program, batch_size: int, update_metrics, stra
     from hetpipe_tf.strategy.planning import resolve_cluster
 
     check_layout_options(extended)
+    check_loss_reduction(model)
     cluster = resolve_cluster(extended._cluster_arg)
     with tf.init_scope():
         shares = plan_shares(model, cluster, batch_size, extended.shares)

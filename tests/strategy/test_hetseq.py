@@ -1,6 +1,7 @@
 """HetSeq mode's arguments: bad input refused before training, with what and how to fix."""
 
 import dataclasses
+import re
 
 import keras
 import pytest
@@ -83,9 +84,25 @@ def test_a_later_larger_batch_is_refused_and_a_smaller_one_split_in_proportion()
     strategy.close()
 
 
-def test_pipeline_options_that_mean_nothing_here_are_refused_at_the_first_fit():
+def _refused_when_made_or_at_fit(match, **kwargs):
+    try:
+        strategy = HetPipeStrategy(_cluster(), data_parallel="hetseq", **kwargs)
+    except ValueError as e:   # refused when the strategy is made (all the better)
+        assert re.search(match, str(e)), str(e)
+        return
+    _fit_refused(strategy, 16, match)
+
+
+def test_options_that_mean_nothing_here_are_refused_before_training():
     from hetpipe_tf.core.sync_schedule import Schedule
-    _fit_refused(HetPipeStrategy(_cluster(), data_parallel="hetseq", schedule=Schedule.GPIPE,
-                                 micro_batches=2), 16, "no pipeline to schedule")
-    _fit_refused(HetPipeStrategy(_cluster(), data_parallel="hetseq", compensation="predict"),
-                 16, "no staleness to compensate")
+    _refused_when_made_or_at_fit("schedule", schedule=Schedule.GPIPE, micro_batches=2)
+    _refused_when_made_or_at_fit("no staleness to compensate", compensation="predict")
+    strategy = HetPipeStrategy(_cluster(), data_parallel="hetseq")
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05),
+                      keras.losses.MeanSquaredError(reduction="sum"))
+    x, y = regression_data(16, 0)
+    with pytest.raises(ValueError, match="averages over the batch.*reduction='sum'"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    strategy.close()

@@ -70,6 +70,7 @@ class WeightPredictor:
         self.d: list | None = None   # zeros until the first update
         self.predicted = 0            # forwards that ran at predicted weights
         self._predict_fn = compiled_method(self._predict_impl, reduce_retracing=True)
+        self._k: dict[float, tf.Tensor] = {}   # horizons as tensors (few distinct values)
 
     def observe_ops(self, d: Sequence, before: Sequence, after: Sequence) -> list:
         """d after one update, from d before it (ops for the caller's compiled apply;
@@ -99,4 +100,6 @@ class WeightPredictor:
             return values
         self.predicted += 1
         with tf.device(self.device):
-            return tuple(self._predict_fn(list(values), list(d), tf.constant(k, tf.float32)))
+            if k not in self._k:   # one eager op per distinct horizon, not per minibatch
+                self._k[k] = tf.constant(k, tf.float32)
+            return tuple(self._predict_fn(list(values), list(d), self._k[k]))

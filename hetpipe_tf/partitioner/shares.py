@@ -95,9 +95,10 @@ class Shares:
             out.append(out[-1] + n)
         return tuple(out)
 
-    def split(self, n: int) -> tuple[int, ...]:
+    def split(self, n: int, minimum: int = 0) -> tuple[int, ...]:
         """Shares of a batch of n <= batch_size samples (an epoch's remainder): the same
-        rule on the same speeds, so in proportion; a device may get 0 when n is small."""
+        rule on the same speeds, so in proportion; a device may get 0 when n is small
+        (`minimum`: every device at least that many; needs n >= minimum x devices)."""
         _check_int("batch size", n)
         if n > self.batch_size:
             raise ShareError(
@@ -109,7 +110,7 @@ class Shares:
         # Given by hand: in proportion to the given shares (as if 1 / share s a sample).
         speeds = (tuple(DeviceSpeed(s.name, 1.0 / k) for s, k in zip(self.speeds, self.sizes))
                   if self.given else self.speeds)
-        return _greedy(n, speeds, 0, caps=self.sizes)
+        return _greedy(n, speeds, minimum, caps=self.sizes)
 
     def table(self) -> str:
         lines = [f"HetSeq shares of a global batch of {self.batch_size} "
@@ -238,6 +239,25 @@ def uniform_speeds(names: Sequence[str], speed_factors: Sequence[float] | None =
                          f"Received: {len(names)} devices, {len(factors)} factors, "
                          f"{len(caps)} bounds.")
     return tuple(DeviceSpeed(n, 1.0 / f, max_samples=c) for n, f, c in zip(names, factors, caps))
+
+
+def speeds_from_plans(plans: Sequence[Any]) -> tuple[DeviceSpeed, ...]:
+    """Per virtual worker (split batches, ps/split.py): seconds per sample = its plan's
+    predicted time of its slowest stage / the plan's batch size (a pipeline's pace; for a
+    one-device VW, the device's speed, emulated factor included); largest share = the
+    plan's batch size (the planner checked its memory at that size). A plan without
+    predicted times (made by hand, e.g. `even_plan`): 1 / its slowest stage's emulated
+    speed factor a sample, no memory bound."""
+    out = []
+    for k, p in enumerate(plans):
+        name = f"vw{k} ({'+'.join(p.devices)})"
+        if p.batch_size > 0 and p.predicted_stage_time_s > 0:
+            out.append(DeviceSpeed(name, p.predicted_stage_time_s / p.batch_size,
+                                   max_samples=p.batch_size))
+        else:
+            slowest = min(s.emulated_speed_factor for s in p.stages)
+            out.append(DeviceSpeed(name, 1.0 / slowest))
+    return tuple(out)
 
 
 def speeds_from_profile(profile: Any, devices: Sequence[Any], cluster: Any, *,

@@ -89,6 +89,8 @@ class Minibatch:
     run: int = 0   # the runtime's run id when submitted; an abort drops older runs' work
     tied: dict = dataclasses.field(default_factory=dict)        # lent versions (tied.py)
     tied_grads: dict = dataclasses.field(default_factory=dict)  # borrowers' gradients
+    # A share of a split batch (ps/split.py): its gradients and float deltas times n_k / N.
+    loss_scale: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +164,7 @@ class PipelineRuntime(Executor):
         return {t.ident for t in self._threads}
 
     # --- called by the Keras step / the strategy ----------------------------------------
-    def submit(self, inputs: list, y, sample_weight) -> None:
+    def submit(self, inputs: list, y, sample_weight, loss_scale: float | None = None) -> None:
         with self._cond:
             self._raise_if_failed()
             if self._closed:
@@ -177,7 +179,8 @@ class PipelineRuntime(Executor):
                 self._cond.wait()   # N_m in flight and one waiting already
             self._raise_if_failed()
             self.submitted += 1
-            mb = Minibatch(self.submitted, inputs, y, sample_weight, run=self._run)
+            mb = Minibatch(self.submitted, inputs, y, sample_weight, run=self._run,
+                           loss_scale=loss_scale)
             if mb.id - self.completed > self.n_m:
                 self._waiting = mb   # `_completed` of mb.id - N_m starts it
                 return
@@ -309,7 +312,7 @@ class PipelineRuntime(Executor):
 
     def _run_task(self, j: int, stage: Stage, kind, mb: Minibatch, payload, t0):
         if kind == _APPLY:
-            self.versions.apply(j, mb.id, mb.grads.pop(j), mb.deltas.pop(j))
+            self.versions.apply(j, mb.id, *_scaled(mb, j))
             return
         if kind is TaskKind.FORWARD:
             inputs = mb.inputs if j == 0 else payload
@@ -391,7 +394,7 @@ class PipelineRuntime(Executor):
             for j in range(1, len(self.stages)):   # FIFO before the stage's later forwards
                 self._put(self._queues[j], (_APPLY, mb, None))
         t0 = time.perf_counter()
-        self.versions.apply(0, mb.id, mb.grads.pop(0), mb.deltas.pop(0))
+        self.versions.apply(0, mb.id, *_scaled(mb, 0))
         # Seconds of stage 0's own update (optimizer + its next snapshot): work outside every
         # task span on stage 0's thread.
         self.update_s.append(time.perf_counter() - t0)
@@ -410,3 +413,21 @@ class PipelineRuntime(Executor):
                 self._waiting = None
                 self._start(waiting)
             self._cond.notify_all()
+
+
+def _scaled(mb: Minibatch, j: int) -> tuple[list, list]:
+    """Stage j's gradients and non-trainable deltas of `mb`, times its loss scale (a split
+    batch's share n_k / N: the gradient is linear in the loss, so this is the gradient of
+    the weighted loss; the metrics saw the unweighted one)."""
+    grads, deltas = mb.grads.pop(j), mb.deltas.pop(j)
+    s = mb.loss_scale
+    if s is None:
+        return grads, deltas
+
+    def times(x):
+        if x is None or not x.dtype.is_floating:
+            return x
+        if isinstance(x, tf.IndexedSlices):
+            return tf.IndexedSlices(x.values * tf.cast(s, x.dtype), x.indices, x.dense_shape)
+        return x * tf.cast(s, x.dtype)
+    return [times(g) for g in grads], [times(d) for d in deltas]

@@ -74,7 +74,7 @@ class Coordinator(Executor):
         self.run_starts = Window(history)  # step number of each run's first batch
         self._on_run_start = on_run_start
         self._on_run_end = on_run_end
-        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._queue = self._new_queue()
         self._run_open = False
         self._steps = 0
         self._error: BaseException | None = None
@@ -111,7 +111,7 @@ class Coordinator(Executor):
             self._start_run()
             if self._on_run_start is not None:
                 self._on_run_start()
-        self._queue.put((self._generation, self._steps, inputs, y, sample_weight))
+        self._enqueue(self._steps, inputs, y, sample_weight)
         self._steps += 1
 
     def drain(self) -> None:
@@ -186,17 +186,30 @@ class Coordinator(Executor):
         self.run_starts.append(self._steps)
         self._run_open = True
 
+    def _new_queue(self):
+        """Where `submit` puts batches: one queue all feeders take from (a fast VW takes
+        more batches). ps/split.py: one queue per VW."""
+        return queue.Queue(maxsize=1)
+
+    def _enqueue(self, step: int, inputs: list, y, sample_weight) -> None:
+        self._queue.put((self._generation, step, inputs, y, sample_weight))
+
+    def _source(self, w: int) -> queue.Queue:
+        """The queue VW w's feeder takes from."""
+        return self._queue
+
     def _feed(self, w: int) -> None:
         rt = self.runtimes[w]
+        source = self._source(w)
         while True:
             if self._error is None:
                 try:
                     rt.wait_for_room()
                 except BaseException as e:  # noqa: BLE001 - re-raised by submit/drain
                     self._fail(e)
-            item = self._queue.get()
+            item = source.get()
             if item is _STOP:
-                self._queue.task_done()
+                source.task_done()
                 return
             with self._lock:
                 take = (self._error is None and not self._aborting
@@ -205,9 +218,9 @@ class Coordinator(Executor):
                     self._feeding += 1
             try:
                 if take:
-                    _, step, inputs, y, sw = item
+                    _, step, inputs, y, sw, *scale = item   # scale: a split batch's share
                     self.assignment[w].append(step)
-                    rt.submit(inputs, y, sw)
+                    rt.submit(inputs, y, sw, *scale)
             except BaseException as e:  # noqa: BLE001 - re-raised by submit/drain
                 self._fail(e)
             finally:
@@ -215,7 +228,7 @@ class Coordinator(Executor):
                     with self._lock:
                         self._feeding -= 1
                         self._lock.notify_all()
-                self._queue.task_done()
+                source.task_done()
 
     def _fail(self, e: BaseException) -> None:
         with self._lock:

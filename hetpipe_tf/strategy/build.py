@@ -31,7 +31,8 @@ from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy import schedules as sync_schedules
 from hetpipe_tf.strategy import training_state
-from hetpipe_tf.strategy.hetseq import DataParallel, build_hetseq
+from hetpipe_tf.strategy.hetseq import (build_hetseq, split_shares, splits_batches,
+                                        synchronous_hetseq)
 from hetpipe_tf.strategy.compensation import optimizer_adjustment, predictor_factory
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
                                             check_plans)
@@ -122,7 +123,7 @@ def build_training(extended, model, data) -> Training:
     fix_open_inputs(model, data, frame)
     check_model(model, strategy)
     batch_size = check_batch(data, lambda: _keras_shim.fit_first_batch(frame, False)[0])
-    hetseq = extended.data_parallel is DataParallel.HETSEQ   # shares, no plans
+    hetseq = synchronous_hetseq(extended)   # shares, no plans
     if not extended.plans and not hetseq:
         with tf.init_scope():  # we are inside Keras' train-function trace: plan eagerly
             if extended._plan_fn is not None:
@@ -190,8 +191,11 @@ def build_training(extended, model, data) -> Training:
                                       on_run_end=states.merge)
     else:
         from hetpipe_tf.strategy.virtual_workers import build_virtual_workers
+        split = (split_shares(extended, extended.plans, batch_size)
+                 if splits_batches(extended) else None)
         runtime = build_virtual_workers(
             model, program, extended.plans, extended.n_m, extended.clock_distance, update_metrics,
+            split=split,
             cluster=extended._cluster_or_none(), placement=extended.placement,
             ps_hosts=extended.ps_hosts, place_locally=extended.place_locally,
             make_runtime=sync_schedules.runtime_factory(extended, update_metrics),

@@ -322,6 +322,9 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def _make_plans(self, model, batch_size) -> tuple:
         from hetpipe_tf.strategy.planning import plan_virtual_workers, plan_with_partitioner
+        if self.data_parallel is not None and self.data_parallel.value == "hetseq":
+            from hetpipe_tf.strategy.hetseq import one_device_plans   # D > 0 (docs/hetseq.md)
+            return one_device_plans(model, batch_size, self._cluster_arg)
         if self.allocation is None:
             from hetpipe_tf.strategy.schedules import sync_memory
             return plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,

@@ -8,12 +8,15 @@ by hand (`shares=[...]`, checked against the batch size and the devices' memory)
 executor is `hetpipe_tf.ps.hetseq.HetSeqExecutor`: one synchronous step per batch, equal to
 one step of the model's optimizer on the whole batch.
 
+With clock_distance D > 0 HetSeq runs as one-device virtual workers under WSP with split
+batches (ps/split.py: each VW a share of every batch by its device's speed, its gradient
+weighted by n_k / N, VWs up to D waves apart); `DataParallel.WSP_SPLIT` ("wsp_split") does
+the same for the WSP layouts (plans, allocations: pipelined VWs), a faster VW taking a
+larger minibatch instead of more minibatches (docs/hetseq.md).
+
 Refused before training: HetSeq with a plan or an allocation (it forms its own layout),
 a synchronous pipeline schedule, a staleness compensation or a loss that does not average
-over the batch (at the first fit), with
-clock_distance > 0 or n_m > 1 (synchronous only; bounded staleness between unequal
-devices is the WSP mode's: several virtual workers, a faster one taking more minibatches),
-without a cluster; shares given by hand that are not ints >= 1, that do not sum to the
+over the batch (at the first fit), with n_m > 1, without a cluster; shares given by hand that are not ints >= 1, that do not sum to the
 planned batch size, or exceed a device's memory; a global batch smaller than the number
 of devices. A later batch larger than the planned one is refused (as in every layout); a
 smaller one (an epoch's remainder, a later fit's smaller batch size) is split in
@@ -45,6 +48,9 @@ class DataParallel(enum.Enum):
 
     WSP = "wsp"         # virtual workers (pipelines) through parameter servers (HetPipe)
     HETSEQ = "hetseq"   # every device the whole model, a share of each batch by its speed
+    # WSP with every batch split into one share per VW by its throughput (ps/split.py): a
+    # faster VW takes a larger minibatch instead of more minibatches.
+    WSP_SPLIT = "wsp_split"
 
     @classmethod
     def parse(cls, value: "DataParallel | str") -> "DataParallel":
@@ -63,30 +69,30 @@ def check_arguments(mode: DataParallel, shares: Any, *, plans: tuple, plan_fn: A
                     has_cluster: bool) -> tuple[int, ...] | None:
     """The strategy's HetSeq arguments, refused before training (module docstring).
     Returns the hand-given shares as a tuple of ints, or None."""
-    if mode is not DataParallel.HETSEQ:
+    if mode is DataParallel.WSP:
         if shares is not None:
             raise ValueError("shares are the HetSeq mode's per-device batch sizes. Received: "
                              f"shares={shares!r} with data_parallel={mode.value!r}; pass "
                              "data_parallel='hetseq' too, or drop shares.")
         return None
+    if mode is DataParallel.WSP_SPLIT:   # the VWs' layouts as for "wsp"; shares per VW
+        return None if shares is None else _int_shares(shares)
     if plans or plan_fn is not None or allocation is not None:
         raise ValueError("HetSeq gives every device the whole model, so it takes no plan and "
                          "no allocation. Received: data_parallel='hetseq' with a "
                          f"{'plan' if plans or plan_fn is not None else 'allocation'}; pass "
                          "only the cluster (and shares, if chosen by hand).")
-    if clock_distance != 0:
-        raise ValueError(
-            "HetSeq mode is synchronous (every step is one step on the whole batch). "
-            f"Received: clock_distance={clock_distance}; use clock_distance=0, or "
-            "data_parallel='wsp' with one-stage virtual workers for bounded staleness.")
+    # clock_distance > 0: one-device VWs under WSP with split batches (split_plans).
     if n_m not in (None, 1):
         raise ValueError("HetSeq mode has one batch in flight. Received: n_m="
                          f"{n_m}; leave n_m unset.")
     if not has_cluster:
         raise ValueError("HetSeq mode needs the cluster's devices. Received: cluster=None and "
                          "no TF_CONFIG; pass a hetpipe_tf Cluster (e.g. Cluster.local).")
-    if shares is None:
-        return None
+    return None if shares is None else _int_shares(shares)
+
+
+def _int_shares(shares: Any) -> tuple[int, ...]:
     if isinstance(shares, (str, bytes)) or not isinstance(shares, Sequence) or not shares:
         raise ValueError(f"shares must be a list of per-device batch sizes. Received: "
                          f"shares={shares!r}; pass e.g. shares=[16, 16, 16, 8].")
@@ -179,3 +185,50 @@ def build_hetseq(extended, model, program, batch_size: int, update_metrics, stra
                            counter=model.optimizer.iterations)
     return HetSeqExecutor(stages, weights, shares, update_metrics,
                           on_run_start=states.seed, on_run_end=states.merge)
+
+
+# --- split batches over virtual workers under WSP (ps/split.py) ---------------------------
+def splits_batches(extended) -> bool:
+    """Whether the VWs' coordinator splits every batch: data_parallel="wsp_split", or
+    "hetseq" with clock_distance > 0 (one-device VWs under WSP)."""
+    mode = extended.data_parallel
+    return mode is DataParallel.WSP_SPLIT or (
+        mode is DataParallel.HETSEQ and extended.clock_distance > 0)
+
+
+def synchronous_hetseq(extended) -> bool:
+    """HetSeq's own executor: data_parallel="hetseq" with clock_distance 0."""
+    return extended.data_parallel is DataParallel.HETSEQ and extended.clock_distance == 0
+
+
+def one_device_plans(model, batch_size: int, cluster_arg) -> tuple:
+    """HetSeq with D > 0: one virtual worker of one stage per device of the cluster, N_m = 1
+    (each holds the whole model; its plan's time is the device's speed)."""
+    from hetpipe_tf.strategy.planning import plan_devices, resolve_cluster
+
+    cl = resolve_cluster(cluster_arg)
+    return plan_devices(model, batch_size, cl, [(d,) for d in cl.devices], 1, None)
+
+
+def split_shares(extended, plans: Sequence[Any], batch_size: int) -> Shares:
+    """The VWs' shares of `batch_size` from their plans' throughput (or `shares` given by
+    hand, one per VW), printed with the VWs; refused before training when they cannot be
+    used."""
+    from hetpipe_tf.partitioner.shares import speeds_from_plans
+    from hetpipe_tf.ps.split import split_description
+    from hetpipe_tf.strategy import schedules
+
+    if schedules.synchronous(extended):
+        raise ValueError(
+            "Split batches run each VW's share as one asynchronous minibatch. Received: "
+            f"data_parallel={extended.data_parallel.value!r} with a synchronous schedule; "
+            "drop schedule, or use data_parallel='wsp'.")
+    given = extended.shares
+    if given is not None and len(given) != len(plans):
+        raise ValueError(f"Split batches need one share per virtual worker. Received: "
+                         f"shares={list(given)} for {len(plans)} VWs; give {len(plans)}.")
+    speeds = speeds_from_plans(plans)
+    shares = (given_shares(given, speeds, batch_size) if given is not None
+              else choose_shares(batch_size, speeds))
+    print(split_description(shares, plans))   # the shares chosen and why
+    return shares

@@ -71,9 +71,12 @@ class HetPipeStrategy(tf.distribute.Strategy):
         staleness implies; `Compensation.BOTH` does both. A Compensation or its name.
       data_parallel: `DataParallel.WSP` (or "wsp"): the layouts above. `DataParallel.HETSEQ`
         (or "hetseq"): every device of `cluster` holds the whole model and takes a share of
-        each batch by its speed, one synchronous update per batch (docs/hetseq.md).
-      shares: HetSeq only: each device's share of the batch, by hand (cluster order; must
-        sum to the batch size); None = chosen from the profile at the first fit.
+        each batch by its speed, one synchronous update per batch (docs/hetseq.md); with
+        clock_distance > 0, one-device VWs under WSP, each a share of every batch.
+        `DataParallel.WSP_SPLIT` ("wsp_split"): the WSP layouts with every batch split into
+        one share per VW by its plan's throughput (a faster VW a larger minibatch).
+      shares: HetSeq and "wsp_split" only: each device's (VW's) share of the batch, by
+        hand (cluster order; must sum to the batch size); None = chosen at the first fit.
     """
 
     @sync_schedules.arguments_checked_first

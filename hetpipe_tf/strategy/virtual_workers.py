@@ -30,7 +30,9 @@ import tensorflow as tf
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.partitioner.plan import Plan
+from hetpipe_tf.partitioner.shares import Shares
 from hetpipe_tf.ps.coordinator import Coordinator
+from hetpipe_tf.ps.split import SplitCoordinator
 from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, ps_device
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
@@ -78,6 +80,7 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                           ps_hosts: Sequence[str] | None = None,
                           place_locally: Callable[[], Any], fresh_pulls: bool = True,
                           make_runtime: Callable[..., Any] | None = None,
+                          split: Shares | None = None,
                           strategy=None, adjust=None,
                           predictor: Callable[[str], Any] = lambda device: None
                           ) -> Coordinator:
@@ -86,7 +89,9 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
     `place_locally()` returns a context in which the strategy's variable creator keeps the
     caller's device scope (so w_global lands on the parameter servers' devices and w_local
     on the stage devices). `adjust` and `predictor` are staleness compensation's
-    (strategy/compensation.py).
+    (strategy/compensation.py). `split`: every batch is cut into these shares, one per VW,
+    each share's gradient weighted by n_k / N (ps/split.py), instead of whole batches going
+    to whichever VW is free.
     """
     per_vw_stages = [Stage.for_plan(p, program, model) for p in plans]
     # Each variable once, in stage order (a dict keeps the first insertion's position).
@@ -140,5 +145,9 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                       update_thread=True, metrics_lock=metrics_lock, vw=w)
             runtimes.append(rt)
             syncs.append(sync)
+    if split is not None:   # every batch cut into one share per VW (ps/split.py)
+        return SplitCoordinator(runtimes, syncs, servers, variables, shares=split,
+                                queue_size=(clock_distance + 1) * n_m,
+                                on_run_start=states.seed, on_run_end=states.merge)
     return Coordinator(runtimes, syncs, servers, variables, on_run_start=states.seed,
                        on_run_end=states.merge)

@@ -28,8 +28,6 @@ def test_bad_arguments_are_refused_when_the_strategy_is_made():
         HetPipeStrategy(c, data_parallel="hetsec")
     with pytest.raises(ValueError, match="shares are the HetSeq mode's.*data_parallel='wsp'"):
         HetPipeStrategy(c, shares=[4, 4, 4, 4])
-    with pytest.raises(ValueError, match="synchronous.*clock_distance=1"):
-        HetPipeStrategy(c, data_parallel="hetseq", clock_distance=1)
     with pytest.raises(ValueError, match="takes no plan"):
         HetPipeStrategy(c, data_parallel="hetseq",
                         plan=even_plan(skip_model(0), DEVICES[:1], n_m=1))

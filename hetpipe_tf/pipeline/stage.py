@@ -38,6 +38,21 @@ from hetpipe_tf.pipeline.emulation import emulate_slowdown
 from hetpipe_tf.pipeline.program import Program
 
 
+def compiled_loss(model, y, y_pred, sample_weight):
+    """The model's compiled loss of one (micro-)batch, WITHOUT updating the per-output loss
+    trackers Keras keeps for a model of several outputs ("reg_loss", ...): the strategy's
+    metrics function updates those, under the metrics lock (build.py). Several VWs' last
+    stages and HetSeq's shares compute losses at once, and Keras' Mean updates are
+    read-modify-write, so updating them here lost updates between threads."""
+    closs = _keras_shim.compile_loss(model)
+    if closs is None:
+        return None
+    if closs.built and closs.metrics:
+        with keras.StatelessScope():   # the trackers' assigns go to the scope, unapplied
+            return closs(y, y_pred, sample_weight)
+    return closs(y, y_pred, sample_weight)
+
+
 @dataclasses.dataclass
 class Saved:
     """What a non-last stage keeps from a forward until the backward of the same minibatch."""
@@ -171,12 +186,8 @@ class Stage:
             tape.watch(fin)
             outputs, extra, deltas, new_s = self._forward_impl(tvals, vvals, svals, inputs)
             y_pred = self.program.pack_outputs(outputs)
-            closs = _keras_shim.compile_loss(self._model)
-            loss = extra
-            if closs is not None:
-                c = closs(y, y_pred, sample_weight)
-                if c is not None:
-                    loss = loss + tf.cast(c, tf.float32)
+            c = compiled_loss(self._model, y, y_pred, sample_weight)
+            loss = extra if c is None else extra + tf.cast(c, tf.float32)
         if scale is None:
             grads = tape.gradient(loss, [tvals, fin])
         else:   # a micro-batch's share of the minibatch's loss (sync_runtime.py)

@@ -45,12 +45,11 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
 from hetpipe_tf.partitioner.shares import Shares
 from hetpipe_tf.pipeline.executor import Executor
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.runtime import PipelineError
-from hetpipe_tf.pipeline.stage import Stage
+from hetpipe_tf.pipeline.stage import Stage, compiled_loss
 from hetpipe_tf.pipeline.weights import StageWeights
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 
@@ -72,12 +71,8 @@ class ShareStage(Stage):
             tape.watch(tvals)
             outputs, extra, deltas, new_s = self._forward_impl(tvals, vvals, svals, inputs)
             y_pred = self.program.pack_outputs(outputs)
-            loss = extra
-            closs = _keras_shim.compile_loss(self._model)
-            if closs is not None:
-                c = closs(y, y_pred, sample_weight)
-                if c is not None:
-                    loss = loss + tf.cast(c, tf.float32)
+            c = compiled_loss(self._model, y, y_pred, sample_weight)
+            loss = extra if c is None else extra + tf.cast(c, tf.float32)
             weighted = loss * weight
         grads = tape.gradient(weighted, tvals)
         deltas = [d * tf.cast(weight, d.dtype) for d in deltas]

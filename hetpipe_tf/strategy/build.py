@@ -154,6 +154,11 @@ def build_training(extended, model, data) -> Training:
     def update_metrics(loss, y, y_pred, sample_weight):
         batch = tf.shape(keras.tree.flatten(y_pred)[0])[0]
         _keras_shim.loss_tracker(model).update_state(loss, sample_weight=batch)
+        closs = _keras_shim.compile_loss(model)
+        if closs is not None and closs.metrics:
+            # Its per-output loss trackers (the stage tasks leave them alone: stage.py
+            # compiled_loss): updated here, one minibatch at a time.
+            closs(y, y_pred, sample_weight)
         cm = _keras_shim.compile_metrics(model)
         if cm is not None:
             cm.update_state(y, y_pred, sample_weight)

@@ -5,7 +5,9 @@ Settings (`SETTINGS`):
 - `plain`: no strategy (Keras' default one), batch B = 8, SGD(lr);
 - `mirrored`: `tf.distribute.MirroredStrategy` on 2 logical CPUs, global batch 2B, SGD(2 lr);
 - `hetpipe_1vw`: `HetPipeStrategy(plan=even_plan(model, 2 devices, n_m=1))`, batch B, SGD(lr);
-- `hetpipe_2vw`: two plans (2 stages each, 4 devices), N_m = 1, D = 0, batch B, SGD(lr).
+- `hetpipe_2vw`: two plans (2 stages each, 4 devices), N_m = 1, D = 0, batch B, SGD(lr);
+- `hetpipe_1vw_nm2`, `hetpipe_2vw_nm2`: the same at N_m = 2 (pipelined: stale weights, no
+  reference; the scripts must finish and keep their own promises).
 
 Why these pairs. One VW at N_m = 1 trains exactly like plain Keras (the paper's special
 case). Two VWs at N_m = 1, D = 0 are synchronous data parallelism: each wave both VWs take
@@ -50,6 +52,7 @@ class Setting:
     batch: int
     lr: float
     reference: str | None   # the setting whose results this one must equal
+    n_m: int = 1
 
     def strategy(self, build: Callable[[], keras.Model]):
         """The one line that differs between the settings."""
@@ -57,16 +60,19 @@ class Setting:
             return tf.distribute.get_strategy()
         if self.name == "mirrored":
             return _mirrored()
-        if self.name == "hetpipe_1vw":
-            return _track(HetPipeStrategy(plan=even_plan(build(), DEVICES[:2], n_m=1)))
-        return _track(HetPipeStrategy(plan=[even_plan(build(), DEVICES[0:2], n_m=1),
-                                            even_plan(build(), DEVICES[2:4], n_m=1)]))
+        if self.name.startswith("hetpipe_1vw"):
+            return _track(HetPipeStrategy(plan=even_plan(build(), DEVICES[:2], n_m=self.n_m)))
+        return _track(HetPipeStrategy(plan=[even_plan(build(), DEVICES[0:2], n_m=self.n_m),
+                                            even_plan(build(), DEVICES[2:4], n_m=self.n_m)]))
 
 
 SETTINGS = {s.name: s for s in (Setting("plain", B, LR, None),
                                 Setting("mirrored", 2 * B, 2 * LR, None),
                                 Setting("hetpipe_1vw", B, LR, "plain"),
-                                Setting("hetpipe_2vw", B, LR, "mirrored"))}
+                                Setting("hetpipe_2vw", B, LR, "mirrored"),
+                                # Pipelined for real: stale weights, so no reference.
+                                Setting("hetpipe_1vw_nm2", B, LR, None, n_m=2),
+                                Setting("hetpipe_2vw_nm2", B, LR, None, n_m=2))}
 
 _open: list = []
 _MIRRORED: list = []
@@ -203,6 +209,17 @@ def steps_per_epoch_repeat(s: Setting, tmp: str) -> dict:
     return _out(model, model.fit(ds, steps_per_epoch=48 // s.batch, epochs=2, verbose=0))
 
 
+class EpochWeights(keras.callbacks.Callback):
+    """The weights at every epoch end (before the callbacks listed after it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights.append(self.model.get_weights())
+
+
 def early_stopping(s: Setting, tmp: str) -> dict:
     # min_delta so large that epoch 2 never "improves": fit stops after it and restores the
     # weights of epoch 1, the best.
@@ -210,9 +227,10 @@ def early_stopping(s: Setting, tmp: str) -> dict:
     x, y = data()
     stop = keras.callbacks.EarlyStopping("val_loss", min_delta=10.0, patience=1,
                                          restore_best_weights=True)
-    h = model.fit(x, y, epochs=5, validation_data=data(32, 1), callbacks=[stop],
+    seen = EpochWeights()
+    h = model.fit(x, y, epochs=5, validation_data=data(32, 1), callbacks=[seen, stop],
                   **_fit_kw(s))
-    return _out(model, h, stopped_epoch=stop.stopped_epoch)
+    return _out(model, h, stopped_epoch=stop.stopped_epoch, epoch_weights=seen.weights)
 
 
 def validation_data_model_checkpoint(s: Setting, tmp: str) -> dict:
@@ -221,11 +239,12 @@ def validation_data_model_checkpoint(s: Setting, tmp: str) -> dict:
     path = os.path.join(tmp, "best.weights.h5")
     best = keras.callbacks.ModelCheckpoint(path, "val_loss", save_best_only=True,
                                            save_weights_only=True)
-    h = model.fit(x, y, epochs=3, validation_data=data(32, 1), callbacks=[best],
+    seen = EpochWeights()
+    h = model.fit(x, y, epochs=3, validation_data=data(32, 1), callbacks=[seen, best],
                   **_fit_kw(s))
     plain = mlp()
     plain.load_weights(path)
-    return _out(model, h, best=plain.get_weights())
+    return _out(model, h, best=plain.get_weights(), epoch_weights=seen.weights)
 
 
 class Preempted(Exception):
@@ -314,31 +333,34 @@ class Rows(keras.utils.PyDataset):
 
 
 def py_dataset(s: Setting, tmp: str) -> dict:
-    model = _compiled(s, mlp)
+    model = _compiled(s, mlp, metrics=["mae"])
     x, y = data()
     # shuffle=False: under any tf.distribute strategy (MirroredStrategy too) Keras reads one
     # batch before training to build the model, which draws one more `random.shuffle` of a
     # PyDataset's order than plain Keras does, so shuffled orders differ from plain Keras'.
-    return _out(model, model.fit(Rows(x, y, s.batch), epochs=2, shuffle=False, verbose=0))
+    h = model.fit(Rows(x, y, s.batch), epochs=2, shuffle=False, verbose=0)
+    return _out(model, h, evaluate=model.evaluate(x, y, batch_size=s.batch, verbose=0))
 
 
 def python_generator(s: Setting, tmp: str) -> dict:
     model = _compiled(s, mlp, metrics=["mae"])
     x, y = data()
 
-    drawn = []
-
     def batches():
         while True:
             for i in range(0, len(x), s.batch):
-                drawn.append(i)
                 yield x[i:i + s.batch], y[i:i + s.batch]
 
-    # One epoch: MirroredStrategy's input pipeline reads an endless generator ahead by a
-    # timing-dependent number of batches, so its next epoch would start anywhere.
-    h = model.fit(batches(), steps_per_epoch=len(x) // s.batch, epochs=1, verbose=0)
-    ev = model.evaluate(x, y, batch_size=s.batch, verbose=0)
-    return _out(model, h, evaluate=ev, rows_drawn=min(len(drawn) * s.batch, len(x)))
+    h = model.fit(batches(), steps_per_epoch=len(x) // s.batch, epochs=2, verbose=0)
+    return _out(model, h, evaluate=model.evaluate(x, y, batch_size=s.batch, verbose=0))
+
+
+def arrays_in_order(s: Setting, tmp: str) -> dict:
+    """The PyDataset and generator scripts' batches as NumPy arrays (not in SCRIPTS)."""
+    model = _compiled(s, mlp, metrics=["mae"])
+    x, y = data()
+    h = model.fit(x, y, epochs=2, batch_size=s.batch, shuffle=False, verbose=0)
+    return _out(model, h, evaluate=model.evaluate(x, y, batch_size=s.batch, verbose=0))
 
 
 SCRIPTS: dict[str, Callable[[Setting, str], dict]] = {
@@ -359,6 +381,15 @@ SCRIPTS: dict[str, Callable[[Setting, str], dict]] = {
     "Python generator": python_generator,
 }
 
+# MirroredStrategy's input pipeline reads Python data (a generator, a PyDataset) ahead
+# from background threads while Keras restarts its iterator, so which batches its later
+# steps get varies from run to run (2 epochs: 3 of 6 runs with a generator, 1 of 6 with a
+# PyDataset; 2 HetPipe VWs: 0 of 3 each). For these the 2-VW reference is MirroredStrategy
+# on the same batches given as NumPy arrays.
+TWO_VW_REFERENCE_SCRIPT = {"keras.utils.PyDataset": "arrays in order",
+                           "Python generator": "arrays in order"}
+HIDDEN_SCRIPTS = {"arrays in order": arrays_in_order}
+
 # What the settings may differ in, by design (everything else must be equal).
 IGNORED_KEYS = {"path"}
 
@@ -377,7 +408,7 @@ def run(script: str, setting: str, tmp: str) -> dict:
     keras.utils.set_random_seed(0)  # the same shuffling in every setting
     t0 = time.perf_counter()
     try:
-        out = SCRIPTS[script](SETTINGS[setting], tmp)
+        out = {**SCRIPTS, **HIDDEN_SCRIPTS}[script](SETTINGS[setting], tmp)
     finally:
         _close_open()
     out["seconds"] = time.perf_counter() - t0
@@ -385,6 +416,16 @@ def run(script: str, setting: str, tmp: str) -> dict:
         out["history"]["learning_rate"] = [v / SETTINGS[setting].lr
                                            for v in out["history"]["learning_rate"]]
     return out
+
+
+def reference(script: str, setting: str) -> tuple[str, str] | None:
+    """(script, setting) whose results `script` under `setting` must equal, if any."""
+    ref = SETTINGS[setting].reference
+    if ref is None:
+        return None
+    if ref == "mirrored":
+        return TWO_VW_REFERENCE_SCRIPT.get(script, script), ref
+    return script, ref
 
 
 def max_difference(a: Any, b: Any, key: str = "") -> tuple[float, str]:

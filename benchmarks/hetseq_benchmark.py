@@ -29,6 +29,15 @@ the best of each is printed):
    emulated cluster it is ESTIMATED as row 2 x (row 5 / row 4): an equal split waits for
    the slow device whoever runs it.
 
+With --split_wsp two more rows, both under the library's own emulation (each stage sleeps
+(1/f - 1) x its measured time; no per-sample calibration, so they are compared only with
+each other):
+
+6. HetSeq, shares by speed, synchronous (clock_distance 0).
+7. The same cluster with `data_parallel="hetseq", clock_distance=1`: one-device virtual
+   workers under WSP with split batches (ps/split.py; same shares), up to one wave apart.
+   Row 7 / row 6 is what bounded staleness buys over the synchronous step.
+
 The logical devices share this machine's cores (2 here), so K devices computing at once
 do not run K times faster than one: the ratios, not absolute figures, carry over.
 """
@@ -64,6 +73,9 @@ _EMULATION = flags.DEFINE_enum(
     "same for every row, whatever the shared cores do to its real work; 'measured': the "
     "library's default, it sleeps (1/f - 1) x its measured time, which the logical devices "
     "sharing this machine's cores inflate unevenly.")
+_SPLIT_WSP = flags.DEFINE_bool(
+    "split_wsp", False, "Also time rows 6-7: synchronous HetSeq against WSP with split "
+    "batches at D = 1, both under the library's measured-time emulation.")
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed minibatches per fit.", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed fits per row (best kept).",
                                 lower_bound=1)
@@ -155,6 +167,14 @@ def main(argv: list[str]) -> None:
         "MirroredStrategy, all at real speed": tf.distribute.MirroredStrategy(
             [d.tf_device for d in real.devices]),
     }
+    measured = set()   # rows under the library's own (measured-time) emulation
+    if _SPLIT_WSP.value:
+        measured = {"HetSeq, by speed, D=0 (measured emulation)",
+                    "WSP split batches, D=1 (measured emulation)"}
+        rows["HetSeq, by speed, D=0 (measured emulation)"] = HetPipeStrategy(
+            emulated, data_parallel="hetseq")
+        rows["WSP split batches, D=1 (measured emulation)"] = HetPipeStrategy(
+            emulated, data_parallel="hetseq", clock_distance=1)
     fitted = {}
     for name, strategy in rows.items():
         model = _compiled(keras, strategy.scope())
@@ -173,7 +193,7 @@ def main(argv: list[str]) -> None:
     per_sample = k / _timed(real_model, real_ds)
     executors = {}
     for name, strategy in rows.items():
-        if isinstance(strategy, HetPipeStrategy):
+        if isinstance(strategy, HetPipeStrategy) and name not in measured:
             ex = strategy.executor(fitted[name][0])
             executors[name] = ex
             if (_EMULATION.value == "speeds"
@@ -216,6 +236,10 @@ def main(argv: list[str]) -> None:
     print(f"HetSeq by speed (emulated) / MirroredStrategy on the emulated cluster, estimated "
           f"as HetSeq's equal shares there x (MirroredStrategy / HetSeq at real speed): "
           f"{(a / b) * (c / m):.2f}x")
+    if measured:
+        sync, split = (best[n] for n in sorted(measured))
+        print(f"WSP split batches at D=1 / synchronous HetSeq, same shares, both under the "
+              f"measured-time emulation: {split / sync:.2f}x")
     for s in rows.values():
         if isinstance(s, HetPipeStrategy):
             s.close()

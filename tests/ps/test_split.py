@@ -164,3 +164,27 @@ def test_split_batches_bad_input_is_refused():
     with pytest.raises(ValueError, match=r"do not sum.*batch_size=8"):
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     strategy.close()
+
+
+def test_pipelined_vws_of_an_allocation_get_shares_by_their_plans_throughput(capsys):
+    # NP over 2 hosts: VW 0 = the fast host's 2 devices, VW 1 = the slow host's 2 (0.5x).
+    cluster = Cluster.local(["LOCAL_CPU"] * 4, hosts=2, emulated_speed_factors=[1, 1, .5, .5])
+    strategy = HetPipeStrategy(cluster, allocation="NP", data_parallel="wsp_split",
+                               clock_distance=1)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(LR), "mse")
+    x, y = regression_data(48, 0)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    coord = strategy.coordinator(model)
+    assert isinstance(coord, SplitCoordinator)
+    assert [p.num_stages for p in strategy.extended.plans] == [2, 2]
+    pace = [p.predicted_stage_time_s for p in strategy.extended.plans]
+    assert pace[0] < pace[1]
+    sizes = coord.shares.sizes
+    assert sum(sizes) == 16 and sizes[0] > sizes[1]
+    assert coord.splits == [sizes] * 3
+    assert "Split batches" in capsys.readouterr().out
+    assert coord.servers.max_clock_distance <= 2
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    strategy.close()

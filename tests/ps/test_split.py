@@ -33,7 +33,7 @@ def _fit(n_m, d, stages, slow, n, epochs=1, shares=None):
                                shares=shares)
     with strategy.scope():
         model = skip_model(0)
-        model.compile(keras.optimizers.SGD(LR), "mse")
+        model.compile(keras.optimizers.SGD(LR), "mse", metrics=["mae"])
     w0 = model.get_weights()
     hist = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
     batches = [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, n, BATCH)] * epochs
@@ -55,7 +55,7 @@ def _share(coord, batches, step, v):
     return (x[a:a + sizes[v]], y[a:a + sizes[v]]), sizes[v] / len(x)
 
 
-def test_d0_n_m_1_split_is_one_sgd_step_on_the_whole_batch_and_logs_its_loss():
+def test_d0_n_m_1_split_is_one_sgd_step_on_the_whole_batch_and_logs_its_metrics():
     # 90 rows: the epoch's last batch has 2 rows, split [1, 1].
     strategy, model, w0, batches, hist = _fit(1, 0, 1, 0.5, 90, epochs=2)
     coord = strategy.coordinator(model)
@@ -68,16 +68,19 @@ def test_d0_n_m_1_split_is_one_sgd_step_on_the_whole_batch_and_logs_its_loss():
     probe = skip_model(0)
     w = [a.copy() for a in w0]
     per_epoch = len(batches) // 2
-    losses = []
+    losses, errors = [], []
     for step, batch in enumerate(batches):
         g, loss = _grad(probe, w, batch)
         losses.append((loss, len(batch[0])))
+        errors.append(np.abs(batch[1] - probe(batch[0]).numpy()))
         w = [a - LR * b for a, b in zip(w, g)]
     assert_weights_close(model.get_weights(), w)
     for e in range(2):
         part = losses[e * per_epoch:(e + 1) * per_epoch]
         ref = sum(l * m for l, m in part) / sum(m for _, m in part)
         np.testing.assert_allclose(hist.history["loss"][e], ref, rtol=1e-4)
+        mae = np.concatenate(errors[e * per_epoch:(e + 1) * per_epoch]).mean()
+        np.testing.assert_allclose(hist.history["mae"][e], mae, rtol=1e-4)
     assert coord.servers.max_clock_distance <= 1
     strategy.close()
 

@@ -17,10 +17,13 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 from typing import Iterator, Mapping, Sequence
+
+from hetpipe_tf.cluster.lifetime import child_preexec
 
 # Servers of an in-process cluster hang unless each has more inter-op threads than the
 # stages that run on it at once (DESIGN.md); 8 covers the tests and small jobs.
@@ -77,14 +80,16 @@ def start_local_servers(jobs: Mapping[str, int], client_job: str = "chief"
                 env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": json.dumps(
                     {"cluster": cluster, "task": {"type": job, "index": i}})}
                 # No inherited stdout: a pipe held open by a server would outlive the test.
+                # The kernel kills the server if this process dies without cleaning up.
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "hetpipe_tf.cluster.serve"], env=env,
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL))
+                    stderr=subprocess.DEVNULL, preexec_fn=child_preexec(os.getpid())))
         yield LocalServers(cluster, tuple(p.pid for p in procs))
     finally:
         for p in procs:
             p.kill()
+            p.send_signal(signal.SIGCONT)   # a stopped (SIGSTOP) server is killed too
         for p in procs:
             p.wait(timeout=30)
 

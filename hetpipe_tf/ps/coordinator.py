@@ -61,7 +61,7 @@ class Coordinator(Executor):
                  servers: ParameterServers, model_variables: Sequence[Any],
                  on_run_start: Callable[[], None] | None = None,
                  on_run_end: Callable[[], None] | None = None,
-                 history: int = DEFAULT_HISTORY):
+                 history: int = DEFAULT_HISTORY, guard=None):
         if not (len(runtimes) == len(syncs) == servers.num_workers):
             raise ValueError(f"One runtime and one WaveSync per worker are needed. Received: "
                              f"{len(runtimes)} runtimes, {len(syncs)} syncs, "
@@ -83,6 +83,9 @@ class Coordinator(Executor):
         self._generation = 0    # an abort starts a new one: batches of older ones are dropped
         self._feeding = 0       # feeders handing a batch to their VW right now
         self._closed = False
+        # Cluster jobs: a hetpipe_tf.ps.faults.FaultGuard runs the calls below so that a
+        # lost task ends them within its bound (docs/cluster_jobs.md); None locally.
+        self.guard = guard
         self._feeders = [threading.Thread(target=self._feed, args=(w,), daemon=True,
                                           name=f"hetpipe-feeder-{w}")
                          for w in range(len(self.runtimes))]
@@ -97,6 +100,14 @@ class Coordinator(Executor):
         return ids
 
     @property
+    def error(self) -> BaseException | None:
+        """The failure to report: a lost task's TaskLostError first (the stage errors it
+        caused are its consequences)."""
+        if self.guard is not None and self.guard.fatal is not None:
+            return self.guard.fatal
+        return self._error
+
+    @property
     def logs(self) -> dict | None:
         """The metrics as of the most recently completed minibatch of any VW."""
         done = [rt for rt in self.runtimes if rt.logs is not None]
@@ -104,6 +115,8 @@ class Coordinator(Executor):
 
     # --- called by the strategy ----------------------------------------------------------
     def submit(self, inputs: list, y, sample_weight) -> None:
+        if self.guard is not None and not self.guard.inside():
+            return self.guard.call(self.submit, inputs, y, sample_weight)
         self._raise_if_failed()
         if self._closed:
             raise RuntimeError("The coordinator of the virtual workers is closed.")
@@ -115,6 +128,8 @@ class Coordinator(Executor):
         self._steps += 1
 
     def drain(self) -> None:
+        if self.guard is not None and not self.guard.inside():
+            return self.guard.call(self.drain)
         if not self._run_open:
             self._raise_if_failed()
             return
@@ -139,6 +154,8 @@ class Coordinator(Executor):
     def abort(self) -> None:
         """Drop queued batches and minibatches in flight, keep what was applied, close the
         run (module docstring). Clears a failure: the next `submit` starts afresh."""
+        if self.guard is not None and not self.guard.inside():
+            return self.guard.call_or_abandon(self.abort, self._abandon)
         with self._lock:
             self._aborting = True
             self._generation += 1
@@ -166,6 +183,10 @@ class Coordinator(Executor):
         """Abort, then stop and join every thread."""
         if self._closed:
             return
+        if self.guard is not None:
+            self.guard.close()
+            if self.guard.fatal is not None:
+                return self._abandon(close=True)
         self.abort()
         self._closed = True
         for _ in self._feeders:
@@ -174,6 +195,25 @@ class Coordinator(Executor):
             t.join()
         for rt in self.runtimes:
             rt.close()
+
+    def _abandon(self, close: bool = False) -> None:
+        """A task is lost (the guard's fatal error): stop taking batches and leave the run
+        without remote work (the model keeps w_global as of the last run's end); threads
+        stuck in remote ops stay behind (daemons). `close`: also stop what can stop."""
+        with self._lock:
+            self._aborting = True
+            self._generation += 1
+        while True:
+            try:
+                self._queue.get_nowait()
+                self._queue.task_done()
+            except queue.Empty:
+                break
+        self._run_open = False
+        if close:
+            self._closed = True
+            for rt in self.runtimes:
+                threading.Thread(target=rt.close, daemon=True).start()
 
     # --- internals -------------------------------------------------------------------
     def _start_run(self) -> None:

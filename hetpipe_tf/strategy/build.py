@@ -205,7 +205,7 @@ def build_training(extended, model, data) -> Training:
             ps_hosts=extended.ps_hosts, place_locally=extended.place_locally,
             make_runtime=sync_schedules.runtime_factory(extended, update_metrics),
             fresh_pulls=extended.fresh_pulls, strategy=strategy, adjust=adjust,
-            predictor=predictor)
+            predictor=predictor, faults=getattr(extended, "faults", None))
     extended._runtime_threads.update(runtime.thread_ids)
 
     def get_metrics_result():

@@ -13,7 +13,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from hetpipe_tf.cluster import roles
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
+from hetpipe_tf.ps.faults import FaultOptions, FaultPolicy
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.sync_runtime import SyncPipelineRuntime
 from hetpipe_tf.core.sync_schedule import Schedule
@@ -77,6 +79,14 @@ class HetPipeStrategy(tf.distribute.Strategy):
         one share per VW by its plan's throughput (a faster VW a larger minibatch).
       shares: HetSeq and "wsp_split" only: each device's (VW's) share of the batch, by
         hand (cluster order; must sum to the batch size); None = chosen at the first fit.
+      fault_timeout_s: a worker or ps task that stops answering (dead or frozen) is found
+        within this many seconds, whatever the chief is doing, and named in a
+        `hetpipe_tf.ps.faults.TaskLostError` (task, address, stages, VWs); at start, a
+        task that does not answer within it is named in a `TaskUnreachableError`.
+      on_fault: `FaultPolicy.STOP` (or "stop"): fit raises the TaskLostError.
+        `FaultPolicy.CONTINUE` ("continue"): with several VWs, the VWs that lost a task
+        are dropped (their unpushed wave too) and training goes on with the others
+        (docs/cluster_jobs.md).
     """
 
     @sync_schedules.arguments_checked_first
@@ -87,7 +97,12 @@ class HetPipeStrategy(tf.distribute.Strategy):
                  placement: str = "default", ps_hosts=None, allocation=None,
                  num_virtual_workers: int | None = None, fresh_pulls: bool = True,
                  in_graph: bool = True, compensation: Compensation | str = Compensation.NONE,
-                 data_parallel: DataParallel | str = DataParallel.WSP, shares=None):
+                 data_parallel: DataParallel | str = DataParallel.WSP, shares=None,
+                 fault_timeout_s: float = 30.0, on_fault: FaultPolicy | str = FaultPolicy.STOP):
+        faults = FaultOptions.parse(fault_timeout_s, on_fault)
+        # Cluster roles (docs/cluster_jobs.md): in a worker or ps process this serves and
+        # never returns; in the chief it checks every task answers, then connects.
+        task = roles.dispatch(cluster, faults.timeout_s)
         extended = HetPipeExtended(self, cluster, plan, n_m, max_m, clock_distance,
                                    placement, ps_hosts, allocation,
                                    num_virtual_workers, fresh_pulls, in_graph,
@@ -99,6 +114,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
             has_cluster=extended._cluster_or_none() is not None)
         if extended.data_parallel is DataParallel.HETSEQ:
             extended.n_m = 1   # one batch in flight (check_hetseq_arguments refused others)
+        extended.faults, extended.task = faults, task
         super().__init__(extended)
         sync_schedules.configure(self.extended, schedule, micro_batches, rematerialize,
                                  n_m)

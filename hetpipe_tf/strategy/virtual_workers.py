@@ -33,6 +33,7 @@ from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.partitioner.shares import Shares
 from hetpipe_tf.ps.coordinator import Coordinator
 from hetpipe_tf.ps.split import SplitCoordinator
+from hetpipe_tf.ps.faults import FaultOptions, fault_guard
 from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, ps_device
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
@@ -82,8 +83,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                           make_runtime: Callable[..., Any] | None = None,
                           split: Shares | None = None,
                           strategy=None, adjust=None,
-                          predictor: Callable[[str], Any] = lambda device: None
-                          ) -> Coordinator:
+                          predictor: Callable[[str], Any] = lambda device: None,
+                          faults: FaultOptions | None = None) -> Coordinator:
     """The coordinator of len(plans) virtual workers training `model` under WSP.
 
     `place_locally()` returns a context in which the strategy's variable creator keeps the
@@ -145,9 +146,12 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                       update_thread=True, metrics_lock=metrics_lock, vw=w)
             runtimes.append(rt)
             syncs.append(sync)
+    # Cluster jobs: lost tasks found within faults.timeout_s (hetpipe_tf/ps/faults.py).
+    guard = fault_guard(faults, plans, devices, cluster)
     if split is not None:   # every batch cut into one share per VW (ps/split.py)
         return SplitCoordinator(runtimes, syncs, servers, variables, shares=split,
                                 queue_size=(clock_distance + 1) * n_m,
-                                on_run_start=states.seed, on_run_end=states.merge)
+                                on_run_start=states.seed, on_run_end=states.merge,
+                                guard=guard)
     return Coordinator(runtimes, syncs, servers, variables, on_run_start=states.seed,
-                       on_run_end=states.merge)
+                       on_run_end=states.merge, guard=guard)

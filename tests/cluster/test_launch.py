@@ -119,8 +119,8 @@ def test_chief_exit_ends_the_job(action, code):
         assert sorted(pids) == ["chief:0", "ps:0", "worker:0", "worker:1"]
         assert _all_gone(pids.values()) is True
         text = "\n".join(job.lines)
-        assert re.search(r"^\[worker:1\] task worker:1 pid=\d+ devices=", text, re.M)
-        assert "[ps:0] serving" in text
+        # The chief may exit before the others print: only its own lines are certain.
+        assert re.search(r"^\[chief:0\] task chief:0 pid=\d+ devices=", text, re.M)
         assert ("[chief:0] done" if code == 0 else "[chief:0] failing") in text
     finally:
         job.cleanup()

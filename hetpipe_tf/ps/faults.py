@@ -1,0 +1,305 @@
+"""Lost tasks of a cluster job: found within a bound, named, and what the job does then.
+
+`TaskMonitor` is a thread of the chief that probes every remote task of the virtual
+workers' plans and parameter servers (`hetpipe_tf.cluster.probe`: TensorFlow's own
+`WorkerService/GetStatus` RPC with a gRPC deadline) every `interval_s`. A task is LOST
+when nothing listens at its address any more (two refused probes in a row: the process
+died) or when it has not answered for `timeout_s` (frozen: SIGSTOP, a hung host, a
+partition). Then `on_lost(TaskLostError)` is called once per task, from the monitor's
+thread, whatever the chief's threads are doing (a push, a pull, a stage task, a drain).
+
+`TaskLostError` names the task, its address, what the probes saw, and the stages and
+virtual workers (VWs) that ran on it (every VW for a parameter server: each pushes to
+and pulls from it). `FaultPolicy` says what the job does: STOP raises it from `fit`;
+CONTINUE drops the VWs that lost a task and goes on with the others
+(`hetpipe_tf.ps.coordinator.Coordinator.drop`), raising only when none is left or a
+parameter server is lost (w_global lives there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+from hetpipe_tf.cluster.probe import Health, probe
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class FaultPolicy(enum.Enum):
+    STOP = "stop"
+    CONTINUE = "continue"
+
+    @classmethod
+    def parse(cls, value: "FaultPolicy | str") -> "FaultPolicy":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise ValueError(f"on_fault must be a FaultPolicy or one of "
+                             f"{[p.value for p in cls]}. Received: on_fault={value!r}; pass "
+                             "'stop' or 'continue'.") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultOptions:
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    policy: FaultPolicy = FaultPolicy.STOP
+
+    @classmethod
+    def parse(cls, timeout_s: float, policy: FaultPolicy | str) -> "FaultOptions":
+        if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                or not math.isfinite(timeout_s) or timeout_s <= 0):
+            raise ValueError(f"fault_timeout_s must be a number of seconds > 0. Received: "
+                             f"fault_timeout_s={timeout_s!r}; pass e.g. 30.0.")
+        return cls(float(timeout_s), FaultPolicy.parse(policy))
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskUse:
+    """What a task holds for the job: (VW, stage index, device) triples, and whether it is
+    a parameter server."""
+
+    stages: tuple[tuple[int, int, str], ...] = ()
+    parameter_server: bool = False
+
+    @property
+    def virtual_workers(self) -> tuple[int, ...]:
+        return tuple(sorted({vw for vw, _, _ in self.stages}))
+
+
+class TaskLostError(RuntimeError):
+    """A worker or parameter-server task of the job died or stopped answering."""
+
+    def __init__(self, task: str, address: str, health: Health, silent_s: float,
+                 use: TaskUse, num_virtual_workers: int):
+        self.task, self.address, self.health, self.silent_s = task, address, health, silent_s
+        self.use = use
+        self.stages = use.stages
+        self.virtual_workers = (tuple(range(num_virtual_workers)) if use.parameter_server
+                                else use.virtual_workers)
+        seen = ("nothing listens at its address any more (the process is gone)"
+                if health is Health.REFUSED
+                else f"it has not answered for {silent_s:.1f} s (frozen or cut off)")
+        held = [f"stage {s} of VW {vw} on {d}" for vw, s, d in use.stages]
+        if use.parameter_server:
+            held.append("parameter-server variables of every VW")
+        super().__init__(
+            f"Task {task} at {address} is lost: {seen}. It held: "
+            f"{'; '.join(held) or 'nothing of this job'} (VWs {list(self.virtual_workers)}). "
+            "Received: on_fault='stop'; restart the job from the last checkpoint (e.g. "
+            "keras.callbacks.BackupAndRestore), or pass on_fault='continue' to go on without "
+            "the lost VWs.")
+
+
+def task_uses(plans: Sequence, ps_devices: Sequence[str]) -> dict[str, TaskUse]:
+    """{"worker:0": TaskUse, ...}: the remote tasks the plans' stages and the parameter
+    servers' variables are on (devices named '/job:<job>/.../task:<i>/...')."""
+    stages: dict[str, list] = {}
+    ps: set[str] = set()
+    for vw, plan in enumerate(plans):
+        for s, stage in enumerate(plan.stages):
+            t = _task_of_device(stage.tf_device)
+            if t is not None:
+                stages.setdefault(t, []).append((vw, s, stage.tf_device))
+    for d in ps_devices:
+        t = _task_of_device(d)
+        if t is not None:
+            ps.add(t)
+    return {t: TaskUse(tuple(stages.get(t, ())), t in ps) for t in sorted({*stages, *ps})}
+
+
+def _task_of_device(device: str) -> str | None:
+    job = task = None
+    for part in device.split("/"):
+        if part.startswith("job:"):
+            job = part[4:]
+        elif part.startswith("task:"):
+            task = part[5:]
+    if job is None or job == "localhost":
+        return None
+    return f"{job}:{task or 0}"
+
+
+class TaskMonitor:
+    """Probes `addresses` ({"worker:0": "127.0.0.1:2222", ...}) on a thread; calls
+    `on_lost(task, health, silent_s)` once for each task found lost (module docstring).
+    A context manager: leaving it stops and joins the thread."""
+
+    def __init__(self, addresses: Mapping[str, str], timeout_s: float,
+                 on_lost: Callable[[str, Health, float], None],
+                 interval_s: float | None = None):
+        self.addresses = dict(addresses)
+        self.timeout_s = timeout_s
+        self.interval_s = interval_s if interval_s is not None else min(1.0, timeout_s / 5)
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self.lost: dict[str, float] = {}   # task -> seconds after its last answer
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="hetpipe-task-monitor")
+        self._thread.start()
+
+    def _run(self) -> None:
+        last_ok = {t: time.monotonic() for t in self.addresses}
+        refused = {t: 0 for t in self.addresses}
+        while not self._stop.is_set():
+            for task, address in self.addresses.items():
+                if task in self.lost or self._stop.is_set():
+                    continue
+                # The probe's deadline keeps one round within interval_s per task.
+                h = probe(address, self.interval_s)
+                now = time.monotonic()
+                if h is Health.OK:
+                    last_ok[task], refused[task] = now, 0
+                    continue
+                refused[task] = refused[task] + 1 if h is Health.REFUSED else 0
+                silent = now - last_ok[task]
+                if refused[task] >= 2 or silent + self.interval_s >= self.timeout_s:
+                    self.lost[task] = silent
+                    try:
+                        self._on_lost(task, h, silent)
+                    except Exception:   # noqa: BLE001 - the monitor must keep watching
+                        pass
+            self._stop.wait(self.interval_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s * (len(self.addresses) + 2) + 5)
+
+    def __enter__(self) -> "TaskMonitor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class FaultGuard:
+    """The chief's side of fault handling for one executor (the coordinator of the VWs).
+
+    `call(fn, *args)` runs a call of the executor (submit, drain, abort, close) on a helper
+    thread while the caller waits for it OR for a lost task, so a call stuck in a remote
+    op (a frozen task never answers, and TensorFlow has no deadline on eager remote ops)
+    still returns: with a TaskLostError under `FaultPolicy.STOP`. An error of the call
+    that a lost task explains (TensorFlow's UnavailableError from a dead task) is raised as
+    the TaskLostError, the original as its cause. `lost(task, health, silent_s)` is the
+    monitor's callback.
+    """
+
+    def __init__(self, options: FaultOptions, uses: Mapping[str, TaskUse],
+                 addresses: Mapping[str, str], num_virtual_workers: int,
+                 on_lost: Callable[[TaskLostError], None] | None = None):
+        self.options = options
+        self.uses = dict(uses)
+        self.addresses = {t: addresses[t] for t in self.uses if t in addresses}
+        self.num_virtual_workers = num_virtual_workers
+        self.errors: list[TaskLostError] = []   # every task found lost, in order
+        self.fatal: TaskLostError | None = None  # the one the job stops on
+        self._on_lost = on_lost
+        self._event = threading.Event()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.monitor = TaskMonitor(self.addresses, options.timeout_s, self.lost)
+
+    def lost(self, task: str, health: Health, silent_s: float) -> None:
+        error = TaskLostError(task, self.addresses[task], health, silent_s,
+                              self.uses.get(task, TaskUse()), self.num_virtual_workers)
+        with self._lock:
+            self.errors.append(error)
+        keep_going = False
+        if self._on_lost is not None:
+            keep_going = bool(self._on_lost(error))
+        if not keep_going:
+            with self._lock:
+                if self.fatal is None:
+                    self.fatal = error
+            self._event.set()
+
+    def inside(self) -> bool:
+        """True on the helper thread of a guarded call (the call itself runs there)."""
+        return getattr(self._local, "inside", False)
+
+    def confirm(self, timeout_s: float) -> TaskLostError | None:
+        """Probe every task now (an error from a remote op came first); the fatal error if
+        a task is lost, within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        for task, address in self.addresses.items():
+            if task in self.monitor.lost:
+                continue
+            left = max(0.05, min(self.monitor.interval_s, deadline - time.monotonic()))
+            h = probe(address, left)
+            if h is Health.REFUSED:
+                h = probe(address, left)   # twice, as the monitor does
+            if h is not Health.OK:
+                self.monitor.lost[task] = 0.0
+                self.lost(task, h, 0.0)
+        return self.fatal
+
+    def call(self, fn: Callable, *args):
+        if self.fatal is not None:
+            raise self.fatal
+        box: dict = {}
+        done = threading.Event()
+
+        def run() -> None:
+            self._local.inside = True
+            try:
+                box["value"] = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=run, daemon=True, name="hetpipe-guarded-call").start()
+        while not done.wait(0.05):
+            if self._event.is_set():
+                raise self.fatal   # the call stays behind on its (daemon) thread
+        error = box.get("error")
+        if error is None:
+            return box.get("value")
+        if self.fatal is None and _remote_failure(error):
+            self.confirm(self.options.timeout_s)
+        if self.fatal is not None and error is not self.fatal:
+            raise self.fatal from error
+        raise error
+
+    def call_or_abandon(self, fn: Callable, abandon: Callable[[], None]) -> None:
+        """`call(fn)`, or `abandon()` once a task is lost (an abort must not raise)."""
+        if self.fatal is None:
+            try:
+                return self.call(fn)
+            except TaskLostError:
+                pass
+        abandon()
+
+    def close(self) -> None:
+        self.monitor.close()
+
+
+def _remote_failure(error: BaseException) -> bool:
+    """An error TensorFlow may raise when a remote task is gone: any OpError (a dead task
+    shows as UnavailableError, but also e.g. as InvalidArgumentError 'Primary device is
+    not remote' from a function call); the probes then decide."""
+    import tensorflow as tf
+
+    return isinstance(error, tf.errors.OpError)
+
+
+def fault_guard(options: FaultOptions | None, plans: Sequence, ps_devices: Sequence[str],
+                cluster, on_lost: Callable[[TaskLostError], None] | None = None
+                ) -> FaultGuard | None:
+    """The guard of a job whose stages or parameter servers are on remote tasks with known
+    addresses (`cluster`'s hosts), else None (a local job has nothing to lose)."""
+    if options is None or cluster is None:
+        return None
+    uses = task_uses(plans, ps_devices)
+    addresses = {f"{h.task[0]}:{h.task[1]}": h.address for h in cluster.hosts
+                 if h.task is not None and h.address}
+    uses = {t: u for t, u in uses.items() if t in addresses}
+    if not uses:
+        return None
+    return FaultGuard(options, uses, addresses, len(plans), on_lost)

@@ -209,8 +209,10 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 "HetPipeStrategy pipelines a model only inside Keras' fit/evaluate/predict; "
                 "strategy.run with your own step function is not supported (its gradients "
                 "and optimizer updates would bypass the pipeline). Received: strategy.run("
-                f"{getattr(fn, '__name__', fn)!r}); train with model.fit, and put a custom "
-                "step in the model's train_step (docs/strategy.md, 'Custom training loops').")
+                f"{getattr(fn, '__name__', fn)!r}); train with model.fit, the loss and metrics "
+                "given to compile() and extra loss terms through layers' add_loss (a model "
+                "overriding train_step is refused too; docs/strategy.md, 'Custom training "
+                "loops').")
         if model is not None and name == "train_step":
             return self._pipelined_train_step(model, args, kwargs)
         ctx = tf.distribute.ReplicaContext(self._container_strategy(), 0)

@@ -81,6 +81,9 @@ setup(
             # version beside tensorflow-cpu (the same files).
             "keras-hub>=0.32,<0.33",
             f"tensorflow-text{TF_RANGE}",   # keras-hub's; pinned so it keeps TF at 2.21
+            # Keras' TensorBoard callback needs it (tests/strategy/test_switch.py; skipped
+            # without it).
+            "tensorboard>=2.21,<2.22",
         ],
     },
     classifiers=[

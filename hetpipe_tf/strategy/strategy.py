@@ -83,10 +83,9 @@ class HetPipeStrategy(tf.distribute.Strategy):
         within this many seconds, whatever the chief is doing, and named in a
         `hetpipe_tf.ps.faults.TaskLostError` (task, address, stages, VWs); at start, a
         task that does not answer within it is named in a `TaskUnreachableError`.
-      on_fault: `FaultPolicy.STOP` (or "stop"): fit raises the TaskLostError.
-        `FaultPolicy.CONTINUE` ("continue"): with several VWs, the VWs that lost a task
-        are dropped (their unpushed wave too) and training goes on with the others
-        (docs/cluster_jobs.md).
+      on_fault: `FaultPolicy.STOP` (or "stop"): fit raises the TaskLostError (resume from
+        a checkpoint). `FaultPolicy.CONTINUE` (going on without the lost VWs) is refused
+        until built (docs/cluster_jobs.md).
     """
 
     @sync_schedules.arguments_checked_first

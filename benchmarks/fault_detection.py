@@ -1,0 +1,67 @@
+r"""How long a cluster job takes to name a lost task: SIGKILL and SIGSTOP of a worker and
+of the parameter server, in the middle of a fit.
+
+  python -m benchmarks.fault_detection                       # fault_timeout_s = 5
+  python -m benchmarks.fault_detection --fault_timeout_s=30 --faults=worker:SIGSTOP
+
+For each fault: real `tf.distribute.Server` processes on 127.0.0.1 (2 workers + 1 ps,
+`hetpipe_tf.cluster.serve.start_local_servers`, stopped on exit), a chief process
+(tests/ps/chief_faults.py: 2 one-stage VWs, NP allocation) that sends the signal after
+--at_batch batches; prints the seconds from the signal to `fit` raising, the error's type
+and task, and the seconds `strategy.close()` took. A dead task is found by its refused
+probes (about two probe intervals); a frozen one when it has not answered for
+fault_timeout_s (docs/cluster_jobs.md). One run on whatever machine runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+from benchmarks._cli import run
+
+_TIMEOUT = flags.DEFINE_float("fault_timeout_s", 5.0, "HetPipeStrategy's fault_timeout_s.",
+                              lower_bound=0.5)
+_FAULTS = flags.DEFINE_list("faults", ["worker:SIGKILL", "worker:SIGSTOP", "ps:SIGKILL",
+                                       "ps:SIGSTOP"], "Faults, each job:signal.")
+_AT_BATCH = flags.DEFINE_integer("at_batch", 8, "Batches before the signal.", lower_bound=1)
+
+_VICTIM = {"worker": 1, "ps": 2}   # index in LocalServers.pids: worker:1, ps:0
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+    from hetpipe_tf.cluster.serve import start_local_servers
+
+    print(f"fault_timeout_s={_TIMEOUT.value}  (2 workers + 1 ps + chief on 127.0.0.1)")
+    print(f"{'fault':<16} {'raised':<16} {'task':<9} {'detect_s':>9} {'close_s':>8}")
+    for fault in _FAULTS.value:
+        job, _, sig = fault.partition(":")
+        if job not in _VICTIM or sig not in ("SIGKILL", "SIGSTOP"):
+            raise app.UsageError(f"A fault is job:signal with job worker|ps and signal "
+                                 f"SIGKILL|SIGSTOP. Received: {fault!r}.")
+        with start_local_servers({"worker": 2, "ps": 1}) as servers:
+            args = {"cluster": servers.cluster, "victim_pid": servers.pids[_VICTIM[job]],
+                    "signal": sig, "timeout_s": _TIMEOUT.value, "at_batch": _AT_BATCH.value,
+                    "samples": 2048}
+            t0 = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_faults",
+                                   json.dumps(args)], capture_output=True, text=True,
+                                  timeout=600 + 4 * _TIMEOUT.value)
+        if proc.returncode != 0:
+            raise RuntimeError(f"The chief of {fault} failed after {time.monotonic() - t0:.0f}"
+                               f" s:\n{proc.stderr[-3000:]}")
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        after = out["after_s"]
+        print(f"{fault:<16} {str(out['raised']):<16} {str(out.get('task')):<9} "
+              f"{after if after is None else round(after, 2)!s:>9} "
+              f"{out['close_s']:>8.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -34,9 +34,12 @@ With --split_wsp two more rows, both under the library's own emulation (each sta
 each other):
 
 6. HetSeq, shares by speed, synchronous (clock_distance 0).
-7. The same cluster with `data_parallel="hetseq", clock_distance=1`: one-device virtual
-   workers under WSP with split batches (ps/split.py; same shares), up to one wave apart.
-   Row 7 / row 6 is what bounded staleness buys over the synchronous step.
+7. `data_parallel="wsp_split"` at D = 0 with one one-stage plan a device (`even_plan`,
+   no predicted times: shares by the emulated factors, the same as row 6's): one-device
+   virtual workers under WSP with split batches (ps/split.py), in lockstep (what the
+   parameter-server path costs or saves against HetSeq's executor).
+8. `data_parallel="hetseq", clock_distance=1`: the same, up to one wave apart. Row 8 /
+   row 7 is what bounded staleness buys, row 8 / row 6 the two modes against each other.
 
 The logical devices share this machine's cores (2 here), so K devices computing at once
 do not run K times faster than one: the ratios, not absolute figures, carry over.
@@ -74,8 +77,8 @@ _EMULATION = flags.DEFINE_enum(
     "library's default, it sleeps (1/f - 1) x its measured time, which the logical devices "
     "sharing this machine's cores inflate unevenly.")
 _SPLIT_WSP = flags.DEFINE_bool(
-    "split_wsp", False, "Also time rows 6-7: synchronous HetSeq against WSP with split "
-    "batches at D = 1, both under the library's measured-time emulation.")
+    "split_wsp", False, "Also time rows 6-8: synchronous HetSeq against WSP with split "
+    "batches at D = 0 and 1, both under the library's measured-time emulation.")
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed minibatches per fit.", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed fits per row (best kept).",
                                 lower_bound=1)
@@ -148,7 +151,7 @@ def main(argv: list[str]) -> None:
 
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.partitioner.shares import DeviceSpeed
-    from hetpipe_tf.strategy import HetPipeStrategy
+    from hetpipe_tf.strategy import HetPipeStrategy, even_plan
 
     emulated = Cluster.local(["LOCAL_CPU"] * k, emulated_speed_factors=factors)
     real = Cluster.local(["LOCAL_CPU"] * k)   # every device at real speed
@@ -170,9 +173,15 @@ def main(argv: list[str]) -> None:
     measured = set()   # rows under the library's own (measured-time) emulation
     if _SPLIT_WSP.value:
         measured = {"HetSeq, by speed, D=0 (measured emulation)",
+                    "WSP split batches, D=0 (measured emulation)",
                     "WSP split batches, D=1 (measured emulation)"}
         rows["HetSeq, by speed, D=0 (measured emulation)"] = HetPipeStrategy(
             emulated, data_parallel="hetseq")
+        rows["WSP split batches, D=0 (measured emulation)"] = HetPipeStrategy(
+            plan=lambda m: [even_plan(m, [d.tf_device], n_m=1,   # one VW a device
+                                      speed_factors=[d.emulated_speed_factor])
+                            for d in emulated.devices],
+            data_parallel="wsp_split")
         rows["WSP split batches, D=1 (measured emulation)"] = HetPipeStrategy(
             emulated, data_parallel="hetseq", clock_distance=1)
     fitted = {}
@@ -237,9 +246,10 @@ def main(argv: list[str]) -> None:
           f"as HetSeq's equal shares there x (MirroredStrategy / HetSeq at real speed): "
           f"{(a / b) * (c / m):.2f}x")
     if measured:
-        sync, split = (best[n] for n in sorted(measured))
-        print(f"WSP split batches at D=1 / synchronous HetSeq, same shares, both under the "
-              f"measured-time emulation: {split / sync:.2f}x")
+        sync, d0, d1 = (best[n] for n in sorted(measured))
+        print(f"Under the measured-time emulation, same shares: WSP split batches at D=1 / "
+              f"synchronous HetSeq {d1 / sync:.2f}x; at D=0 / synchronous HetSeq "
+              f"{d0 / sync:.2f}x; D=1 / D=0 {d1 / d0:.2f}x")
     for s in rows.values():
         if isinstance(s, HetPipeStrategy):
             s.close()

@@ -161,3 +161,43 @@ def test_chief_killed_ends_the_job(sig):
         assert _all_gone(pids.values()) is True
     finally:
         job.cleanup()
+
+
+def _launch_example(*flags, workers=2, ps=1):
+    return subprocess.Popen(
+        [sys.executable, "-m", "hetpipe_tf.launch", f"--workers={workers}", f"--ps={ps}",
+         "--grace_s=3", "--", sys.executable, "examples/train_mlp.py", *flags],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow   # 4 TensorFlow processes, twice: about a minute on 2 cores
+def test_example_job_killed_worker_named_then_resumed(tmp_path):
+    """The example under the launcher: a worker SIGKILLed after the first epoch ends the
+    job with TaskLostError and no process left; the same job started again resumes from
+    BackupAndRestore's last epoch and finishes."""
+    backup = str(tmp_path / "backup")
+    flags = ["--epochs=4", "--samples=256", "--fault_timeout_s=5", f"--backup_dir={backup}"]
+    first = Launched.__new__(Launched)
+    first.proc, first.lines, first.tasks = _launch_example(*flags), [], 4
+    first._reader = threading.Thread(target=first._read, daemon=True)
+    first._reader.start()
+    second = None
+    try:
+        first.wait_for(r"^\[chief:0\] Epoch 2/4", timeout=240)
+        pids = first.pids()
+        os.kill(pids["worker:1"], signal.SIGKILL)
+        assert first.proc.wait(timeout=120) != 0
+        first._reader.join(timeout=10)
+        text = "\n".join(first.lines)
+        assert "TaskLostError: Task worker:1 at 127.0.0.1:" in text, text[-3000:]
+        assert _all_gone(pids.values()) is True
+        second = subprocess.run(
+            [sys.executable, "-m", "hetpipe_tf.launch", "--workers=2", "--ps=1", "--",
+             sys.executable, "examples/train_mlp.py", *flags],
+            cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0, second.stdout[-3000:]
+        assert "[chief:0] Epoch 1/4" not in second.stdout   # resumed after epoch 1
+        assert "[chief:0] final loss" in second.stdout
+    finally:
+        first.cleanup()

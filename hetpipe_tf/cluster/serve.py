@@ -25,20 +25,14 @@ from typing import Iterator, Mapping, Sequence
 
 from hetpipe_tf.cluster.lifetime import child_preexec
 
-# Servers of an in-process cluster hang unless each has more inter-op threads than the
-# stages that run on it at once (DESIGN.md); 8 covers the tests and small jobs.
-INTER_OP_THREADS = 8
-
 
 def serve(cluster: Mapping[str, Sequence[str]], job: str, task: int) -> None:
-    """Run the server of task (job, task) of `cluster` until the process is stopped."""
-    import tensorflow as tf
+    """Run the server of task (job, task) of `cluster` until the process is stopped (what
+    `HetPipeStrategy(...)` does in a worker or ps process, hetpipe_tf/cluster/roles.py)."""
+    from hetpipe_tf.cluster.roles import Role, Task, serve_forever
 
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=INTER_OP_THREADS)
-    server = tf.distribute.Server(tf.train.ClusterSpec(dict(cluster)), job_name=job,
-                                  task_index=task, protocol="grpc", config=config,
-                                  start=True)
-    server.join()
+    role = Role.PS if job == "ps" else Role.WORKER
+    serve_forever(Task(role, job, task, {j: list(a) for j, a in cluster.items()}))
 
 
 def free_ports(n: int) -> list[int]:

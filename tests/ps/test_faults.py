@@ -152,3 +152,32 @@ def test_lost_task_stops_fit_with_the_named_error(victim, sig):
     # Bound: fault_timeout_s (3 s); generous slack for a loaded 2-core machine.
     assert out["after_s"] < 3.0 + 10.0, out
     assert out["close_s"] < 10.0, out
+
+
+def test_guard_ends_a_call_stuck_on_a_frozen_task_and_abandons_the_abort():
+    """Whatever the chief waits in (here a call that never returns, as a push to a frozen
+    task does), the guard raises the TaskLostError once the task is lost; an abort after
+    it does not wait for remote work (the abandon path) and raises nothing."""
+    import threading
+
+    from hetpipe_tf.ps.faults import FaultGuard
+
+    s, silent = _silent_listener()
+    never = threading.Event()
+    abandoned = []
+    guard = FaultGuard(FaultOptions(1.5), {"worker:1": TaskUse(((1, 0, "/job:worker/task:1"),))},
+                       {"worker:1": silent}, num_virtual_workers=2)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TaskLostError, match="worker:1") as e:
+            guard.call(never.wait)
+        assert time.monotonic() - t0 < 1.5 + 10
+        assert e.value.virtual_workers == (1,) and guard.fatal is e.value
+        with pytest.raises(TaskLostError):   # every later call fails at once
+            guard.call(lambda: None)
+        guard.call_or_abandon(never.wait, lambda: abandoned.append(True))
+        assert abandoned == [True]
+    finally:
+        never.set()
+        guard.close()
+        s.close()

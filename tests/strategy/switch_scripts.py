@@ -74,16 +74,17 @@ SETTINGS = {s.name: s for s in (Setting("plain", B, LR, None),
                                 Setting("hetpipe_1vw_nm2", B, LR, None, n_m=2),
                                 Setting("hetpipe_2vw_nm2", B, LR, None, n_m=2))}
 
-_open: list = []
+_open: list = []   # HetPipe strategies a script made, closed after it (a user's exit would)
 _MIRRORED: list = []
 
 
 def _mirrored():
-    # One instance per process: a second MirroredStrategy's collectives reuse the first
-    # one's instance keys and fail with "Shape mismatch in the collective instance".
+    # One instance per process: a second MirroredStrategy in the same process failed its
+    # first all-reduce ("Shape mismatch in the collective instance 100") when its model's
+    # shapes differed from the first one's (TF 2.21, logical CPUs; plain Keras script).
     if not _MIRRORED:
         _MIRRORED.append(tf.distribute.MirroredStrategy(DEVICES[:2]))
-    return _MIRRORED[0]   # HetPipe strategies a script made, closed after it (a user's exit would)
+    return _MIRRORED[0]
 
 
 def _track(strategy):

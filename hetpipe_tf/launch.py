@@ -6,8 +6,8 @@ r"""Run one program as a local cluster job: a chief, N workers and M parameter s
 Every process runs the same command on 127.0.0.1 with its own TF_CONFIG (free ports; the
 chief trains, the workers and parameter servers serve from `HetPipeStrategy(...)`, which
 never returns in them, docs/cluster_jobs.md). `--devices_per_worker=K` declares K
-LOCAL_CPU devices per worker in TF_CONFIG's "hetpipe" section (each worker process splits
-its CPU into K logical devices). Each line a process prints is streamed with its task as
+LOCAL_CPU devices per worker in TF_CONFIG's "hetpipe" section (each worker's server then
+has K CPU devices). Each line a process prints is streamed with its task as
 a prefix ("[worker:1] ..."). The job ends when the chief exits (the launcher exits with the
 chief's code): the other processes are stopped by pid. Ctrl-C (SIGINT) and SIGTERM stop
 every process too (the chief first gets the same signal, so Keras sees the interrupt), and

@@ -3,9 +3,9 @@
 Every process of a job runs the user's program (TensorFlow's own convention); its role
 comes from TF_CONFIG's "task" or from a ClusterResolver's task_type/task_id:
 
-- worker, ps: `serve_forever` configures the devices the task declares (K LOCAL_CPU
-  devices -> K logical CPU devices, standing in for GPUs), starts a `tf.distribute.Server`
-  and blocks until the process is stopped; it never returns.
+- worker, ps: `serve_forever` starts a `tf.distribute.Server` with the devices the task
+  declares (K CPU-kind devices, e.g. LOCAL_CPU standing in for GPUs, -> K CPU devices of
+  the server) and blocks until the process is stopped; it never returns.
 - chief (or master): `connect_chief` probes every other task within `timeout_s`
   (`probe.wait_until_reachable`: a task nobody serves is named before training), then
   connects this process to the cluster (`tf.config.experimental_connect_to_cluster`,
@@ -117,11 +117,12 @@ def serve_forever(task: Task) -> None:
         die_with_parent()   # also when the program runs under a shell wrapper
     import tensorflow as tf
 
-    from hetpipe_tf.cluster.local import configure_logical_devices
-
-    if len(task.declared_devices) > 1:
-        configure_logical_devices(len(task.declared_devices))
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=INTER_OP_THREADS)
+    # The server makes its devices from its own ConfigProto (the Python context's
+    # logical-device configuration does not reach it): K declared CPU devices -> K CPUs.
+    cpus = sum(1 for t in task.declared_devices if _is_cpu_type(t))
+    if cpus > 1:
+        config.device_count["CPU"] = cpus
     server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.job,
                                   task_index=task.index, protocol="grpc", config=config,
                                   start=True)
@@ -129,6 +130,12 @@ def serve_forever(task: Task) -> None:
           file=sys.stderr, flush=True)
     server.join()
     sys.exit(0)
+
+
+def _is_cpu_type(type_name: str) -> bool:
+    from hetpipe_tf.cluster.catalog import DeviceKind, get_device_type
+
+    return get_device_type(type_name).kind is DeviceKind.CPU
 
 
 def connected_to_cluster() -> bool:

@@ -201,3 +201,16 @@ def test_example_job_killed_worker_named_then_resumed(tmp_path):
         assert "[chief:0] final loss" in second.stdout
     finally:
         first.cleanup()
+
+
+@pytest.mark.slow   # 4 TensorFlow processes: about 25 s on 2 cores
+def test_example_job_with_two_declared_devices_per_worker():
+    """--devices_per_worker=2: each worker's server has 2 CPU devices, so the 2 VWs (one
+    per worker) are 2-stage pipelines whose stages sit on /job:worker/.../CPU:0 and CPU:1."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetpipe_tf.launch", "--workers=2", "--ps=1",
+         "--devices_per_worker=2", "--", sys.executable, "examples/train_mlp.py",
+         "--epochs=1", "--samples=128"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "[chief:0] final loss" in proc.stdout

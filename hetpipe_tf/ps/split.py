@@ -116,4 +116,19 @@ def split_description(shares: Shares, plans: Sequence[Any]) -> str:
         lines.append(f"  vw{k}: {'+'.join(p.devices)} ({p.num_stages} stage(s), predicted "
                      f"{p.predicted_stage_time_s * 1e3:.3f} ms a minibatch of "
                      f"{p.batch_size} at its slowest stage)")
+    lines.append(dispatch_comparison(shares))
     return "\n".join(lines)
+
+
+def dispatch_comparison(shares: Shares) -> str:
+    """The two dispatches' predicted pace from the same speeds: whole batches (each VW
+    takes batches of N at its own pace, but under WSP every VW's clock stays within D of
+    the slowest's, so in the long run each runs at the slowest one's pace: K x N / its
+    time) against split batches (N / the slowest share's time)."""
+    n, k = shares.batch_size, len(shares.sizes)
+    whole = k * n / max(s.time(n) for s in shares.speeds)
+    split = n / max(shares.step_s)
+    return (f"Predicted {split:.4g} samples/s with split batches against {whole:.4g} with "
+            f"whole batches to whichever VW is free (its clock within D of the slowest "
+            f"VW's, each VW runs at the slowest one's pace in the long run): "
+            f"{split / whole:.2f}x.")

@@ -32,7 +32,7 @@ from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy import schedules as sync_schedules
 from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.hetseq import (build_hetseq, split_shares, splits_batches,
-                                        synchronous_hetseq)
+                                        synchronous_hetseq, whole_batch_note)
 from hetpipe_tf.strategy.compensation import optimizer_adjustment, predictor_factory
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
                                             check_plans)
@@ -198,6 +198,9 @@ def build_training(extended, model, data) -> Training:
         from hetpipe_tf.strategy.virtual_workers import build_virtual_workers
         split = (split_shares(extended, extended.plans, batch_size)
                  if splits_batches(extended) else None)
+        note = None if split is not None else whole_batch_note(extended.plans, batch_size)
+        if note:   # which dispatch was chosen, and what the other predicts (docs/hetseq.md)
+            logger.info(note)
         runtime = build_virtual_workers(
             model, program, extended.plans, extended.n_m, extended.clock_distance, update_metrics,
             split=split,

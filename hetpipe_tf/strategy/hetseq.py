@@ -232,3 +232,21 @@ def split_shares(extended, plans: Sequence[Any], batch_size: int) -> Shares:
               else choose_shares(batch_size, speeds))
     print(split_description(shares, plans))   # the shares chosen and why
     return shares
+
+
+def whole_batch_note(plans: Sequence[Any], batch_size: int) -> str | None:
+    """What split batches would predict against the default dispatch, for VWs of unequal
+    pace (logged by the WSP layout; None when their pace is equal or the batch too small)."""
+    from hetpipe_tf.partitioner.shares import ShareError, speeds_from_plans
+    from hetpipe_tf.ps.split import dispatch_comparison
+
+    speeds = speeds_from_plans(plans)
+    if len({s.seconds_per_sample for s in speeds}) < 2:
+        return None
+    try:
+        shares = choose_shares(batch_size, speeds)
+    except ShareError:
+        return None
+    return (f"Virtual workers of unequal pace take whole batches (data_parallel='wsp'); "
+            f"data_parallel='wsp_split' would give them shares {list(shares.sizes)}. "
+            + dispatch_comparison(shares))

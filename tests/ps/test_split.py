@@ -187,7 +187,27 @@ def test_pipelined_vws_of_an_allocation_get_shares_by_their_plans_throughput(cap
     sizes = coord.shares.sizes
     assert sum(sizes) == 16 and sizes[0] > sizes[1]
     assert coord.splits == [sizes] * 3
-    assert "Split batches" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Split batches" in out and "samples/s with split batches against" in out
     assert coord.servers.max_clock_distance <= 2
     assert all(np.isfinite(w).all() for w in model.get_weights())
+    strategy.close()
+
+
+def test_the_default_dispatch_says_what_split_batches_would_predict(caplog):
+    # Two one-stage VWs, one at 0.5x: a sample costs 1 and 2; whole batches of 8 run at
+    # the slow VW's pace (2 x 8 / 16 = 1 sample a unit), split [6, 2] at 8 / 6.
+    probe = skip_model(0)
+    plans = [even_plan(probe, DEVICES[0:1], n_m=1),
+             even_plan(probe, DEVICES[1:2], n_m=1, speed_factors=[0.5])]
+    strategy = HetPipeStrategy(plan=plans)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(LR), "mse")
+    x, y = regression_data(16, 0)
+    with caplog.at_level("INFO", logger="hetpipe_tf.strategy.build"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    note = next(r.getMessage() for r in caplog.records if "wsp_split" in r.getMessage())
+    assert "shares [6, 2]" in note and ": 1.33x." in note, note
+    assert not isinstance(strategy.coordinator(model), SplitCoordinator)
     strategy.close()

@@ -240,10 +240,10 @@ def whole_batch_note(plans: Sequence[Any], batch_size: int) -> str | None:
     from hetpipe_tf.partitioner.shares import ShareError, speeds_from_plans
     from hetpipe_tf.ps.split import dispatch_comparison
 
-    speeds = speeds_from_plans(plans)
-    if len({s.seconds_per_sample for s in speeds}) < 2:
-        return None
-    try:
+    try:   # a note: never in the way of training
+        speeds = speeds_from_plans(plans)
+        if len({s.seconds_per_sample for s in speeds}) < 2:
+            return None
         shares = choose_shares(batch_size, speeds)
     except ShareError:
         return None

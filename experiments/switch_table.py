@@ -26,7 +26,7 @@ tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfigu
 
 from tests.strategy import switch_scripts as sw  # noqa: E402
 
-COMPARED = ("hetpipe_1vw", "hetpipe_2vw")     # equal to a reference
+COMPARED = ("hetpipe_1vw", "hetpipe_2vw", "hetseq")     # equal to a reference
 PIPELINED = ("hetpipe_1vw_nm2", "hetpipe_2vw_nm2")   # stale weights: only how far off
 
 
@@ -83,8 +83,9 @@ def main(argv: list[str]) -> None:
             rows.append((script, *cells))
             print(f"{script}: {cells}", file=sys.stderr, flush=True)
     print("| script | 1 VW x 2 stages, N_m=1: vs plain Keras | 2 VWs x 2 stages, N_m=1, D=0: "
-          "vs MirroredStrategy (2B, 2 lr) | 1 VW, N_m=2: vs N_m=1 | 2 VWs, N_m=2, D=0: vs N_m=1 |")
-    print("| --- | --- | --- | --- | --- |")
+          "vs MirroredStrategy (2B, 2 lr) | HetSeq, 2 devices, shares 5+3: vs plain Keras | "
+          "1 VW, N_m=2: vs N_m=1 | 2 VWs, N_m=2, D=0: vs N_m=1 |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
     print("\nwall seconds per setting, all scripts (tracing dominates; not a speed figure): "

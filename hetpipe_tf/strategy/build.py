@@ -150,12 +150,17 @@ def build_training(extended, model, data) -> Training:
     # The class's own method: an earlier build may have replaced the instance's.
     original = type(model).get_metrics_result.__get__(model)
 
-    @tf.function(reduce_retracing=True)
+    # Keras weighs each output's loss tracker by the STATIC batch size (None, i.e. weight 1,
+    # in a trace generalized over sizes): with such trackers, one trace per batch size, so
+    # HetSeq's unequal shares and a remainder batch count by their size.
+    closs = _keras_shim.compile_loss(model)
+    per_output = closs is not None and bool(closs.metrics)
+
+    @tf.function(reduce_retracing=not per_output)
     def update_metrics(loss, y, y_pred, sample_weight):
         batch = tf.shape(keras.tree.flatten(y_pred)[0])[0]
         _keras_shim.loss_tracker(model).update_state(loss, sample_weight=batch)
-        closs = _keras_shim.compile_loss(model)
-        if closs is not None and closs.metrics:
+        if per_output:
             # Its per-output loss trackers (the stage tasks leave them alone: stage.py
             # compiled_loss): updated here, one minibatch at a time.
             closs(y, y_pred, sample_weight)

@@ -7,7 +7,9 @@ Settings (`SETTINGS`):
 - `hetpipe_1vw`: `HetPipeStrategy(plan=even_plan(model, 2 devices, n_m=1))`, batch B, SGD(lr);
 - `hetpipe_2vw`: two plans (2 stages each, 4 devices), N_m = 1, D = 0, batch B, SGD(lr);
 - `hetpipe_1vw_nm2`, `hetpipe_2vw_nm2`: the same at N_m = 2 (pipelined: stale weights, no
-  reference; the scripts must finish and keep their own promises).
+  reference; the scripts must finish and keep their own promises);
+- `hetseq`: `HetPipeStrategy(Cluster.local(2 CPUs), data_parallel="hetseq", shares=[5, 3])`,
+  batch B, SGD(lr): one update per batch, equal to plain Keras.
 
 Why these pairs. One VW at N_m = 1 trains exactly like plain Keras (the paper's special
 case). Two VWs at N_m = 1, D = 0 are synchronous data parallelism: each wave both VWs take
@@ -39,6 +41,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.strategy import HetPipeStrategy, even_plan
 
 DEVICES = ["/job:localhost/replica:0/task:0/device:CPU:%d" % i for i in range(4)]
@@ -60,6 +63,9 @@ class Setting:
             return tf.distribute.get_strategy()
         if self.name == "mirrored":
             return _mirrored()
+        if self.name == "hetseq":
+            return _track(HetPipeStrategy(Cluster.local(["LOCAL_CPU"] * 2),
+                                          data_parallel="hetseq", shares=[5, 3]))
         if self.name.startswith("hetpipe_1vw"):
             return _track(HetPipeStrategy(plan=even_plan(build(), DEVICES[:2], n_m=self.n_m)))
         return _track(HetPipeStrategy(plan=[even_plan(build(), DEVICES[0:2], n_m=self.n_m),
@@ -72,7 +78,9 @@ SETTINGS = {s.name: s for s in (Setting("plain", B, LR, None),
                                 Setting("hetpipe_2vw", B, LR, "mirrored"),
                                 # Pipelined for real: stale weights, so no reference.
                                 Setting("hetpipe_1vw_nm2", B, LR, None, n_m=2),
-                                Setting("hetpipe_2vw_nm2", B, LR, None, n_m=2))}
+                                Setting("hetpipe_2vw_nm2", B, LR, None, n_m=2),
+                                # HetSeq: 2 devices, each batch split 5 + 3, one update.
+                                Setting("hetseq", B, LR, "plain"))}
 
 _open: list = []   # HetPipe strategies a script made, closed after it (a user's exit would)
 _MIRRORED: list = []

@@ -1,6 +1,7 @@
 """The switch suite (issue 19 point 5): the same short Keras scripts under plain Keras,
 `tf.distribute.MirroredStrategy` (2 logical CPUs) and `HetPipeStrategy` (1 VW x 2 stages;
-2 VWs x 2 stages), only the strategy line differing (tests/strategy/switch_scripts.py).
+2 VWs x 2 stages; HetSeq over 2 devices), only the strategy line differing
+(tests/strategy/switch_scripts.py).
 
 What must hold, and why:
 - 1 VW at N_m = 1 equals plain Keras (the paper's special case): weights, history,
@@ -9,7 +10,9 @@ What must hold, and why:
   the same weights and the SUM of their updates is applied, so for SGD they equal
   MirroredStrategy with the global batch 2B split over its 2 replicas and twice the
   learning rate (MirroredStrategy averages). Checked here, and that the mapping is not
-  vacuous (MirroredStrategy's results differ from plain Keras').
+  vacuous (MirroredStrategy's results differ from plain Keras');
+- HetSeq (`data_parallel="hetseq"`, shares 5 + 3 of each batch of 8) equals plain Keras: one
+  update per batch, each share's loss weighted by its size (per-output losses included).
 Plus what each script itself promises (the early stop happened, the checkpoint holds the
 best epoch, the resumed fit trained only the missing epoch, ...). Python generators and
 `keras.utils.PyDataset` included; `python -m experiments.switch_table` prints the table.
@@ -59,6 +62,8 @@ def test_script_under_hetpipe_equals_plain_keras_and_mirrored_strategy(results, 
     one, two = results(script, "hetpipe_1vw"), results(script, "hetpipe_2vw")
     _equal(one, results(*sw.reference(script, "hetpipe_1vw")), atol=1e-6)
     _equal(two, results(*sw.reference(script, "hetpipe_2vw")), atol=1e-5)
+    # HetSeq: 2 devices, each batch split 5 + 3, one update: one step on the whole batch.
+    _equal(results(script, "hetseq"), plain, atol=1e-5)
     for r in (plain, mirrored, one, two):
         _script_promises(script, r)
 

@@ -9,7 +9,10 @@ the first error of its threads, re-raised as itself by the next call.
 from __future__ import annotations
 
 import abc
+import threading
 from typing import Any
+
+STOP = object()   # the queue item that ends a thread of a ThreadedExecutor
 
 
 class Executor(abc.ABC):
@@ -56,3 +59,43 @@ class Executor(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ThreadedExecutor(Executor):
+    """The lifecycle every threaded Executor shares: its threads (`_threads`) each take work
+    from a queue (`_queues`, and an optional `_updates` queue read by one more thread)
+    until `STOP`; one condition `_cond` guards its state; a run ends by `_on_run_end`
+    (`_run_open`). Subclasses implement `abort` (drop what is in flight, then `_end_run`)."""
+
+    _updates = None
+    vw = 0
+
+    def _end_run(self) -> None:
+        # Closed only once `on_run_end` returned: an interrupt inside it leaves the run
+        # open, so the abort that follows runs it again.
+        if self._run_open and self._on_run_end is not None:
+            self._on_run_end()
+        with self._cond:
+            self._run_open = False
+
+    def close(self) -> None:
+        """Abort, then stop and join the threads (minibatches in flight are dropped)."""
+        if self._closed:
+            return
+        self.abort()
+        self._closed = True
+        for q in self._queues:
+            q.put(STOP)
+        if self._updates is not None:
+            self._updates.put(STOP)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+
+    def _fail(self, e: BaseException, where: str) -> None:
+        """Keep the first error of a thread (named by `where`) and wake every waiter."""
+        e.add_note(f"hetpipe_tf: raised by {where} of virtual worker {self.vw}.")
+        with self._cond:
+            if self._error is None:
+                self._error = e
+            self._cond.notify_all()

@@ -47,12 +47,11 @@ import tensorflow as tf
 
 from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.pipeline import tied
-from hetpipe_tf.pipeline.executor import Executor
+from hetpipe_tf.pipeline.executor import STOP, ThreadedExecutor
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 
-_STOP = object()
 _APPLY = "apply"   # a stage's task: apply its part of a committed minibatch's update
 
 
@@ -100,7 +99,7 @@ class TraceEvent:
     end: float
 
 
-class PipelineRuntime(Executor):
+class PipelineRuntime(ThreadedExecutor):
     def __init__(self, stages: Sequence[Stage], weights: WeightVersions, n_m: int,
                  update_metrics: Callable[[Any, Any, Any, Any], dict], trace: bool = True,
                  after_apply: Callable[[int], None] | None = None,
@@ -240,41 +239,12 @@ class PipelineRuntime(Executor):
             self._cond.notify_all()
         self._end_run()
 
-    def _end_run(self) -> None:
-        # Closed only once `on_run_end` returned: an interrupt inside it leaves the run
-        # open, so the abort that follows runs it again.
-        if self._run_open and self._on_run_end is not None:
-            self._on_run_end()
-        with self._cond:
-            self._run_open = False
-
-    def close(self) -> None:
-        """Stop and join the threads (minibatches in flight are dropped)."""
-        if self._closed:
-            return
-        self.abort()
-        self._closed = True
-        for q in self._queues:
-            q.put(_STOP)
-        if self._updates is not None:
-            self._updates.put(_STOP)
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join()
-
-    def _fail(self, e: BaseException, where: str) -> None:
-        e.add_note(f"hetpipe_tf: raised by {where} of virtual worker {self.vw}.")
-        with self._cond:
-            if self._error is None:
-                self._error = e
-            self._cond.notify_all()
-
     # --- stage threads ------------------------------------------------------------------
     def _worker(self, j: int) -> None:
         q = self._queues[j]
         while True:
             item = q.get()
-            if item is _STOP:
+            if item is STOP:
                 return
             self._execute(j, item)
 
@@ -373,7 +343,7 @@ class PipelineRuntime(Executor):
     def _updater(self) -> None:
         while True:
             mb = self._updates.get()
-            if mb is _STOP:
+            if mb is STOP:
                 return
             try:   # committed minibatches are never dropped
                 self.versions.wait_applied(mb.id, stop=lambda: self._error is not None)

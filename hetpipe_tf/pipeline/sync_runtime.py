@@ -45,13 +45,12 @@ from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.core.sync_schedule import Action, ActionKind, Schedule, actions
 from hetpipe_tf.pipeline import tied
 from hetpipe_tf.pipeline.compiled import compiled_method
-from hetpipe_tf.pipeline.executor import Executor
+from hetpipe_tf.pipeline.executor import STOP, ThreadedExecutor
 from hetpipe_tf.pipeline.runtime import PipelineError, RecordView, TraceEvent
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 
-_STOP = object()
 _KIND = {ActionKind.FORWARD: TaskKind.FORWARD, ActionKind.BACKWARD: TaskKind.BACKWARD,
          ActionKind.APPLY: TaskKind.APPLY}
 
@@ -111,7 +110,7 @@ class _Minibatch:
     applied: int = 0
 
 
-class SyncPipelineRuntime(Executor):
+class SyncPipelineRuntime(ThreadedExecutor):
     """Runs a synchronous `schedule` with `micro_batches` per minibatch (module docstring).
 
     Args:
@@ -275,32 +274,6 @@ class SyncPipelineRuntime(Executor):
             self._cond.notify_all()
         self._end_run()
 
-    def _end_run(self) -> None:
-        if self._run_open and self._on_run_end is not None:
-            self._on_run_end()
-        with self._cond:
-            self._run_open = False
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self.abort()
-        self._closed = True
-        for q in self._queues:
-            q.put(_STOP)
-        if self._updates is not None:
-            self._updates.put(_STOP)
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join()
-
-    def _fail(self, e: BaseException, where: str) -> None:
-        e.add_note(f"hetpipe_tf: raised by {where} of virtual worker {self.vw}.")
-        with self._cond:
-            if self._error is None:
-                self._error = e
-            self._cond.notify_all()
-
     # --- messages between stages ----------------------------------------------------------
     def _live(self, mb: _Minibatch) -> bool:
         return mb.run == self._run and self._error is None
@@ -343,7 +316,7 @@ class SyncPipelineRuntime(Executor):
         q = self._queues[j]
         while True:
             mb = q.get()
-            if mb is _STOP:
+            if mb is STOP:
                 return
             try:
                 if self._live(mb):
@@ -477,7 +450,7 @@ class SyncPipelineRuntime(Executor):
     def _updater(self) -> None:
         while True:
             mb = self._updates.get()
-            if mb is _STOP:
+            if mb is STOP:
                 return
             try:   # committed minibatches are never dropped
                 if self._error is None and self._after_apply is not None:

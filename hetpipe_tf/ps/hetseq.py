@@ -46,14 +46,13 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from hetpipe_tf.partitioner.shares import Shares
-from hetpipe_tf.pipeline.executor import Executor
+from hetpipe_tf.pipeline.executor import STOP, ThreadedExecutor
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.runtime import PipelineError
 from hetpipe_tf.pipeline.stage import Stage, compiled_loss
 from hetpipe_tf.pipeline.weights import StageWeights
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 
-_STOP = object()
 
 
 class ShareStage(Stage):
@@ -114,7 +113,7 @@ def _rows(nest, a: int, b: int):
     return tf.nest.map_structure(lambda t: None if t is None else t[a:b], nest)
 
 
-class HetSeqExecutor(Executor):
+class HetSeqExecutor(ThreadedExecutor):
     """One synchronous HetSeq step per submitted batch (module docstring).
 
     Args:
@@ -239,29 +238,12 @@ class HetSeqExecutor(Executor):
             self._cond.notify_all()
         self._end_run()
 
-    def _end_run(self) -> None:
-        if self._run_open and self._on_run_end is not None:
-            self._on_run_end()
-        with self._cond:
-            self._run_open = False
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self.abort()
-        self._closed = True
-        for q in self._queues:
-            q.put(_STOP)
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join()
-
     # --- device threads -----------------------------------------------------------------
     def _worker(self, k: int) -> None:
         q = self._queues[k]
         while True:
             item = q.get()
-            if item is _STOP:
+            if item is STOP:
                 return
             step = item[0]
             try:

@@ -49,15 +49,8 @@ def _equal(a: dict, b: dict, atol: float) -> None:
 SCRIPTS = [name for name in sw.SCRIPTS if not name.startswith("save")]
 
 
-def _needs(script: str) -> None:
-    if "TensorBoard" in script:
-        # Keras' TensorBoard callback needs the package (plain Keras as well).
-        pytest.importorskip("tensorboard")
-
-
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_script_under_hetpipe_equals_plain_keras_and_mirrored_strategy(results, script):
-    _needs(script)
     plain, mirrored = results(script, "plain"), results(script, "mirrored")
     one, two = results(script, "hetpipe_1vw"), results(script, "hetpipe_2vw")
     _equal(one, results(*sw.reference(script, "hetpipe_1vw")), atol=1e-6)
@@ -109,7 +102,6 @@ def _script_promises(script: str, r: dict) -> None:
 def test_script_trains_pipelined_with_two_vws_at_n_m_2(results, script):
     # HetPipe for real (N_m = 2: stale weights, WSP between the VWs): no reference to
     # equal, but the script finishes, trains, and keeps its own promises.
-    _needs(script)
     r = results(script, "hetpipe_2vw_nm2")
     _script_promises(script, r)
     assert all(np.isfinite(w).all() for w in r["weights"])

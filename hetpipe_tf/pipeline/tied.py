@@ -49,16 +49,19 @@ def own_grads(stage: Any, tied_grads: MutableMapping[int, Any], tied: MutableMap
         return own
     with tf.device(stage.device):
         for v, g in zip(stage.borrowed, wg[n:]):
-            if g is not None:
-                prev = tied_grads.get(id(v))
-                tied_grads[id(v)] = g if prev is None else prev + g
+            tied_grads[id(v)] = _sum(tied_grads.get(id(v)), g)
         for v in stage.lent:
             k = _index(stage.trainable, v)
-            extra = tied_grads.pop(id(v), None)
-            if extra is not None:
-                own[k] = extra if own[k] is None else own[k] + extra
+            own[k] = _sum(own[k], tied_grads.pop(id(v), None))
             tied.pop(id(v), None)
     return own
+
+
+def _sum(a: Any, b: Any) -> Any:
+    if a is None or b is None:
+        return b if a is None else a
+    # A gather's gradient (an embedding lookup) may be IndexedSlices: add densely.
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
 def refuse_borrowed(stages: Sequence[Any], what: str) -> None:

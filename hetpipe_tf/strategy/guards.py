@@ -45,8 +45,6 @@ def guard_model(extended, model) -> None:
 
         @functools.wraps(original)
         def call(*args, **kwargs):
-            if drain_first and may_drain():
-                extended.drain()
             t = extended.pipelines.get(id(model))
             if (name == "fit" and t is not None and t.executor.closed
                     and same_compile(t.compiled, compiled_state(model))):
@@ -56,6 +54,8 @@ def guard_model(extended, model) -> None:
                     "leaving `with strategy:`); call compile() again in "
                     "`strategy.scope()` to train on, or keep the strategy open.")
             try:
+                if drain_first and may_drain():   # a stage's error aborts as in the call
+                    extended.drain()
                 return original(*args, **kwargs)
             except BaseException as e:
                 stage_error = extended.abort(model)

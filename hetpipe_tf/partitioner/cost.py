@@ -12,7 +12,9 @@ Time of the stage at pipeline position j (one minibatch: forward + backward + up
     + receiving the activations that cross its first cut from position j-1 (forward)
     + receiving the gradients that cross its last cut from position j+1 (backward).
 `layer_time` (and so `prefix_time`, which the MILP is built from) is per layer compute +
-update, so the solver's objective includes the update through the per-layer figures.
+update, so the solver's objective includes the update through the per-layer figures; a
+tied layer's later call also adds the exchange of its borrowed weights and their gradient
+(`tied_bytes`) with the slowest-linked other device (an upper bound: pipeline/tied.py).
 
 Memory of the stage at position j, holding `held(j)` minibatches' activations (N_m for
 every position but the last, which runs forward and backward of a minibatch as one task
@@ -180,11 +182,24 @@ class CostModel:
             f = d.emulated_speed_factor
             self._compute_time[d.name] = np.asarray(times, dtype=np.float64) / f
             self._update_time[d.name] = np.asarray(updates, dtype=np.float64) / f
-            self._layer_time[d.name] = self._compute_time[d.name] + self._update_time[d.name]
+            self._layer_time[d.name] = (self._compute_time[d.name] + self._update_time[d.name]
+                                        + self._tied_exchange(tied, d))
         self.capacity = {d.name: int(cluster.memory_of(d) * usable_fraction) for d in self.devices}
         # allowed[c]: a stage may end at node c (False between the calls of a shared layer).
         self.allowed = np.ones(max(self.num_layers - 1, 0), dtype=bool)
         self.allowed[list(getattr(profile, "forbidden_cuts", ()))] = False
+
+    def _tied_exchange(self, tied: np.ndarray, device: Any) -> np.ndarray:
+        """Per layer: the seconds a tied layer's later call adds on `device` to receive the
+        borrowed weights and send their gradient back (`tied` holds both, in bytes), from
+        the slowest-linked other device of the VW: where the owner sits is not known per
+        layer, so this is an upper bound, as the memory charge is."""
+        out = np.zeros(len(tied), dtype=np.float64)
+        others = [d for d in self.devices if d.name != device.name]
+        for i in np.flatnonzero(tied):
+            out[i] = max((self.comm.seconds(int(tied[i]), d, device, self.cluster)
+                          for d in others), default=0.0)
+        return out
 
     def cuts_allowed(self, cuts: Sequence[int]) -> bool:
         """Whether every cut of a layout is one a plan may use."""

@@ -90,3 +90,14 @@ def test_a_tied_layer_may_be_split_and_its_later_call_is_charged_the_borrowed_co
     assert layers["tied@1"].tied_bytes == 2 * kernel_and_bias   # copy + its gradient
     assert layers["tied"].tied_bytes == layers["mid"].tied_bytes == 0
     assert ModelProfile.from_json(result.profile.to_json()).layers[2].tied_bytes == 2 * 168
+    # Its time also holds the exchange with the other device (weights in, gradient out).
+    from hetpipe_tf.partitioner.comm import CommModel
+    from hetpipe_tf.partitioner.cost import CostModel
+    cluster = Cluster.local(["LOCAL_CPU"] * 2)
+    devices = list(cluster.devices)
+    cm = CostModel(result.profile, devices, cluster, n_m=1)
+    extra = (cm.layer_time(devices[1]) - cm.layer_compute_time(devices[1])
+             - cm.layer_update_time(devices[1]))
+    exchange = CommModel().seconds(2 * 168, devices[0], devices[1], cluster)
+    np.testing.assert_allclose(extra, [0.0, 0.0, exchange, 0.0], atol=1e-15)
+    assert exchange > 0

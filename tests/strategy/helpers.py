@@ -49,6 +49,17 @@ def nested_model(seed: int = 0, name: str = "nested") -> keras.Model:
     return keras.Model(x, out, name=name)
 
 
+def tied_model(seed: int = 0) -> keras.Model:
+    """Input and output projections tied (one Dense called twice), a middle layer between
+    (4 nodes: tied, mid, tied@1, out)."""
+    init = lambda s: keras.initializers.GlorotUniform(seed=seed + s)  # noqa: E731
+    x = keras.Input((8,))
+    tied = keras.layers.Dense(8, activation="tanh", kernel_initializer=init(1), name="tied")
+    h = keras.layers.Dense(8, activation="tanh", kernel_initializer=init(2), name="mid")(tied(x))
+    h = tied(h)
+    return keras.Model(x, keras.layers.Dense(1, kernel_initializer=init(3), name="out")(h))
+
+
 def regression_data(n: int = 64, seed: int = 0):
     rs = np.random.RandomState(seed)
     x = rs.randn(n, 8).astype("float32")

@@ -9,7 +9,7 @@ import pytest
 
 from hetpipe_tf.strategy import HetPipeStrategy, StageSpec, even_plan, manual_plan
 from tests.strategy.helpers import (DEVICES, assert_weights_close, nested_model,
-                                    regression_data)
+                                    regression_data, tied_model)
 
 BATCH = 8
 
@@ -81,16 +81,6 @@ def test_resnet50_base_cut_inside_equals_plain_keras(frozen):
     strategy.close()
 
 
-def _tied_model(seed: int = 0) -> keras.Model:
-    """Input and output projections tied (one Dense called twice), a middle layer between."""
-    init = lambda s: keras.initializers.GlorotUniform(seed=seed + s)  # noqa: E731
-    x = keras.Input((8,))
-    tied = keras.layers.Dense(8, activation="tanh", kernel_initializer=init(1), name="tied")
-    h = keras.layers.Dense(8, activation="tanh", kernel_initializer=init(2), name="mid")(tied(x))
-    h = tied(h)
-    return keras.Model(x, keras.layers.Dense(1, kernel_initializer=init(3), name="out")(h))
-
-
 @pytest.mark.parametrize("specs", [[3, 1], [2, 2], [1, 1, 1, 1]])
 def test_tied_weights_in_one_stage_or_split_equal_plain_keras(specs):
     """Together ([3, 1]) the stage trains the kernel with both uses' gradients; split, the
@@ -100,7 +90,7 @@ def test_tied_weights_in_one_stage_or_split_equal_plain_keras(specs):
     plan = lambda m: manual_plan(  # noqa: E731
         m, [StageSpec(DEVICES[i], k) for i, k in enumerate(specs)], n_m=1)
     model, ref, hist, ref_hist, strategy = _fit_both(
-        _tied_model, plan, x, y, lambda: keras.optimizers.Adam(0.01))
+        tied_model, plan, x, y, lambda: keras.optimizers.Adam(0.01))
     stages = strategy.pipeline(model).stages
     owner = {3: 0, 2: 0, 1: 0}[specs[0]]
     assert len(stages[owner].trainable) == (4 if specs[0] >= 2 else 2)   # tied + its owner

@@ -14,8 +14,7 @@ import tensorflow as tf
 from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.strategy import HetPipeStrategy, StageSpec, even_plan, manual_plan
 from tests.strategy.helpers import (DEVICES, assert_weights_close, regression_data,
-                                    staleness_reference)
-from tests.strategy.test_nested_models import _tied_model
+                                    staleness_reference, tied_model)
 
 SPLIT = [2, 2]   # stage 0: tied, mid; stage 1: tied@1 (borrowed), out
 
@@ -28,13 +27,13 @@ def test_split_tied_weights_at_n_m_2_equal_the_staleness_reference():
     x, y = regression_data(64, 7)
     strategy = HetPipeStrategy(plan=_plan(DEVICES[:2], 2))
     with strategy.scope():
-        model = _tied_model()
+        model = tied_model()
         model.compile(keras.optimizers.SGD(0.05, momentum=0.5), "mse")
     w0 = model.get_weights()
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     assert [len(s.borrowed) for s in strategy.pipeline(model).stages] == [0, 2]
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)]
-    ref, _ = staleness_reference(_tied_model, w0,
+    ref, _ = staleness_reference(tied_model, w0,
                                  lambda: keras.optimizers.SGD(0.05, momentum=0.5),
                                  batches, n_m=2, runs={1})
     assert_weights_close(model.get_weights(), ref)
@@ -43,15 +42,15 @@ def test_split_tied_weights_at_n_m_2_equal_the_staleness_reference():
 
 def test_two_virtual_workers_with_split_tied_weights_are_synchronous_sgd_at_d0():
     x, y = regression_data(64, 8)
-    plans = [_plan(DEVICES[2 * w:2 * w + 2], 1)(_tied_model()) for w in range(2)]
+    plans = [_plan(DEVICES[2 * w:2 * w + 2], 1)(tied_model()) for w in range(2)]
     strategy = HetPipeStrategy(plan=plans, clock_distance=0)
     with strategy.scope():
-        model = _tied_model()
+        model = tied_model()
         model.compile(keras.optimizers.SGD(0.05), "mse")
     w = [a.copy() for a in model.get_weights()]
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     coord = strategy.coordinator(model)
-    probe = _tied_model()
+    probe = tied_model()
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)]
 
     def update(weights, batch):
@@ -72,7 +71,7 @@ def test_a_synchronous_schedule_refuses_split_tied_weights_by_name():
     strategy = HetPipeStrategy(plan=_plan(DEVICES[:2], 1), schedule=Schedule.GPIPE,
                                micro_batches=2)
     with strategy.scope():
-        model = _tied_model()
+        model = tied_model()
         model.compile(keras.optimizers.SGD(0.05), "mse")
     w0 = model.get_weights()
     with pytest.raises(ValueError, match=r"Tied weights split across stages are not "

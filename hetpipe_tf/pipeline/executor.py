@@ -70,6 +70,25 @@ class ThreadedExecutor(Executor):
     _updates = None
     vw = 0
 
+    def _drop_uncommitted(self) -> None:
+        """The pipelines' abort: start a new run id (queued tasks of the old run are skipped),
+        wait for the tasks being worked on, forget the versions of what was not completed,
+        clear a failure, end the run (needs `_run`, `_outstanding`, `submitted`,
+        `completed`, `dropped`, `versions`, `_waiting`)."""
+        with self._cond:
+            self._run += 1
+            self._cond.notify_all()
+            while self._outstanding:
+                self._cond.wait(0.05)
+            self.dropped += self.submitted - self.completed
+            for p in range(self.completed + 1, self.submitted + 1):
+                self.versions.forget(p)
+            self.submitted = self.completed
+            self._waiting = None
+            self._error = None
+            self._cond.notify_all()
+        self._end_run()
+
     def _end_run(self) -> None:
         # Closed only once `on_run_end` returned: an interrupt inside it leaves the run
         # open, so the abort that follows runs it again.

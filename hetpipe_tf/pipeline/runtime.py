@@ -224,20 +224,7 @@ class PipelineRuntime(ThreadedExecutor):
         """Drop every minibatch in flight that was not committed (a committed one finishes
         on every stage) and end the run; returns when no stage works any more. w_local is the
         last applied state. Clears a failure, so the runtime can run again from there."""
-        with self._cond:
-            self._run += 1
-            self._cond.notify_all()
-            # Queued tasks of the old run are skipped; wait for those being worked on.
-            while self._outstanding:
-                self._cond.wait(0.05)
-            self.dropped += self.submitted - self.completed
-            for p in range(self.completed + 1, self.submitted + 1):
-                self.versions.forget(p)
-            self.submitted = self.completed
-            self._waiting = None
-            self._error = None
-            self._cond.notify_all()
-        self._end_run()
+        self._drop_uncommitted()
 
     # --- stage threads ------------------------------------------------------------------
     def _worker(self, j: int) -> None:

@@ -260,19 +260,7 @@ class SyncPipelineRuntime(ThreadedExecutor):
         self._end_run()
 
     def abort(self) -> None:
-        with self._cond:
-            self._run += 1
-            self._cond.notify_all()
-            while self._outstanding:
-                self._cond.wait(0.05)
-            self.dropped += self.submitted - self.completed
-            for p in range(self.completed + 1, self.submitted + 1):
-                self.versions.forget(p)
-            self.submitted = self.completed
-            self._waiting = None
-            self._error = None
-            self._cond.notify_all()
-        self._end_run()
+        self._drop_uncommitted()
 
     # --- messages between stages ----------------------------------------------------------
     def _live(self, mb: _Minibatch) -> bool:

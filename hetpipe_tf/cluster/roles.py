@@ -7,7 +7,9 @@ comes from TF_CONFIG's "task" or from a ClusterResolver's task_type/task_id:
   declares (K CPU-kind devices, e.g. LOCAL_CPU standing in for GPUs, -> K CPU devices of
   the server) and blocks until the process is stopped; it never returns.
 - chief (or master): `connect_chief` probes every other task within `timeout_s`
-  (`probe.wait_until_reachable`: a task nobody serves is named before training), then
+  (`probe.wait_until_reachable`: a task nobody serves is named before training), asks
+  the worker tasks for their devices unless TF_CONFIG declares them
+  (`reports.collect`: the cluster's description is built from what they report), then
   connects this process to the cluster (`tf.config.experimental_connect_to_cluster`,
   job "chief"), unless it already is.
 - no task (a local job, or a cluster value that names no task): nothing to do.
@@ -48,6 +50,7 @@ class Task:
     index: int
     cluster: dict[str, list[str]]
     declared_devices: tuple[str, ...] = ()
+    declares_devices: bool = False   # TF_CONFIG's "hetpipe" section declares any task's
 
     @property
     def name(self) -> str:
@@ -99,7 +102,7 @@ def find_task(cluster: Any = None, env: Mapping[str, str] | None = None) -> Task
         if key in (f"{job}:{index}", f"/job:{job}/task:{index}",
                    f"/job:{job}/replica:0/task:{index}"):
             devices = tuple(types)
-    return Task(_ROLES[job], job, index, spec, devices)
+    return Task(_ROLES[job], job, index, spec, devices, declares_devices=bool(declared))
 
 
 def _is_tf_cluster(cluster: Any) -> bool:
@@ -148,12 +151,17 @@ def connected_to_cluster() -> bool:
 
 
 def connect_chief(task: Task, timeout_s: float) -> None:
-    """Probe every other task within `timeout_s`, then connect this process as the chief."""
+    """Probe every other task within `timeout_s`, ask the workers for their devices (none
+    declared), then connect this process as the chief."""
     from hetpipe_tf.cluster.probe import wait_until_reachable
 
     if os.environ.get(LAUNCHED_ENV):
         die_with_parent()
     wait_until_reachable(task.others(), timeout_s)
+    if not task.declares_devices:   # a declaration wins over the hosts' reports
+        from hetpipe_tf.cluster.reports import collect
+
+        collect(task.cluster, timeout_s)
     if connected_to_cluster():
         return
     import tensorflow as tf

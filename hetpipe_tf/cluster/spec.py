@@ -440,8 +440,9 @@ class Cluster:
         {"devices": {"worker:0": ["TITAN_V", ...], ...}, "inter_bandwidth": float,
         "intra_bandwidth": float, "device_types": [DeviceType.to_dict(), ...]} (custom
         types are registered). `device_declarations` overrides "devices". Without any
-        declaration every "worker" task gets one LOCAL_CPU device (its CPU:0), which
-        describes a worker on a machine like this one.
+        declaration every "worker" task gets the devices it reported to the chief
+        (`hetpipe_tf.cluster.reports.collect`, at the chief's start in a cluster job),
+        else one LOCAL_CPU device (its CPU:0), a worker on a machine like this one.
         """
         from hetpipe_tf.cluster.tf_cluster import cluster_from_tf_config
 

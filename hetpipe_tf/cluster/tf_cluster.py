@@ -3,13 +3,16 @@
 The bodies of `Cluster.from_tf_cluster_spec` and `Cluster.from_tf_config` (which delegate
 here) and the parsing they need. A TF cluster lists tasks, not devices: a chief cannot
 know the GPUs of a remote task before connecting to it, so every task's devices are
-declared by type name ("worker:0": ["TITAN_V", ...]). The result has one `Host` per TF
-task, ordered chief, master, worker, other jobs by name, then ps.
+declared by type name ("worker:0": ["TITAN_V", ...]), or reported by the tasks' servers
+once the chief reached them (`hetpipe_tf.cluster.reports`); a declaration wins. The
+result has one `Host` per TF task, ordered chief, master, worker, other jobs by name,
+then ps.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from typing import Any, Mapping, Sequence
@@ -29,11 +32,23 @@ from hetpipe_tf.cluster.spec import (
 )
 
 
+logger = logging.getLogger(__name__)
+
+
 def default_declarations(cluster_spec: Any) -> dict[TaskKey, list[str]]:
-    """Without declarations every "worker" task has one LOCAL_CPU device (its CPU:0): a
-    worker on a machine like this one."""
-    return {("worker", i): ["LOCAL_CPU"]
-            for i in _cluster_spec_as_dict(cluster_spec).get("worker", {})}
+    """Without declarations: the devices every "worker" task reported to the chief
+    (`reports.collect`, at the chief's start), else one LOCAL_CPU device (its CPU:0) a
+    worker, a worker on a machine like this one."""
+    from hetpipe_tf.cluster import reports
+
+    jobs = _cluster_spec_as_dict(cluster_spec)
+    reported = reports.known_declarations(jobs)
+    if reported is not None:
+        logger.info("hetpipe_tf: the cluster's devices as the hosts reported them: %s",
+                    reported)
+        return {k: list(v) for k, v in reported.items()}
+    logger.info("hetpipe_tf: no device declared or reported: one LOCAL_CPU a worker task")
+    return {("worker", i): ["LOCAL_CPU"] for i in jobs.get("worker", {})}
 
 
 def cluster_from_tf_cluster_spec(
@@ -108,6 +123,9 @@ def cluster_from_tf_config(
     declarations = device_declarations
     if declarations is None:
         declarations = section.get("devices")
+        if declarations is not None:
+            logger.info("hetpipe_tf: the cluster's devices as TF_CONFIG declares them "
+                        "(reports of the hosts not used): %s", declarations)
     if declarations is None:
         declarations = default_declarations(config["cluster"])
     return cluster_cls.from_tf_cluster_spec(

@@ -34,6 +34,7 @@ from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.hetseq import (build_hetseq, split_shares, splits_batches,
                                         synchronous_hetseq, whole_batch_note)
 from hetpipe_tf.strategy.compensation import optimizer_adjustment, predictor_factory
+from hetpipe_tf.strategy.remote_guard import GuardedPipelineRuntime, guard_for
 from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
                                             check_plans)
 
@@ -187,10 +188,17 @@ def build_training(extended, model, data) -> Training:
                          emulated_speed_factor=s.emulated_speed_factor,
                          predictor=predictor(s.device))
             for s, o in zip(stages, optimizers)])
+        # Stages on remote tasks: a lost task ends the calls within fault_timeout_s
+        # (strategy/remote_guard.py); the in-graph runtime cannot be guarded.
+        guard = None if sync_schedules.synchronous(extended) else guard_for(extended)
         if sync_schedules.synchronous(extended):   # GPipe / 1F1B (docs/schedules.md)
             runtime = sync_schedules.build_runtime(
                 extended, stages, weights, update_metrics, extended.plans[0],
                 on_run_start=states.seed, on_run_end=states.merge)
+        elif guard is not None:
+            runtime = GuardedPipelineRuntime(stages, weights, extended.n_m, update_metrics,
+                                             plan=extended.plans[0], on_run_start=states.seed,
+                                             on_run_end=states.merge, guard=guard)
         elif extended.in_graph and runs_in_graph(stages, extended.n_m):
             runtime = InGraphRuntime(stages[0], weights, update_metrics,
                                      model.optimizer.iterations, plan=extended.plans[0],

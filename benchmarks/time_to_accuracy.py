@@ -55,7 +55,8 @@ OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "adamw": ("AdamW", {"learning_rate": 1e-3, "weight_decay": 1e-4}),
     "sgd": ("SGD", {"learning_rate": 0.1}),
 }
-COMPENSATIONS = ("none", "predict", "momentum", "both")
+COMPENSATIONS = ("none", "predict", "momentum", "both", "average", "all")
+SCHEDULES = ("gpipe", "1f1b")
 TASKS = ("digits", "spirals")
 SPEED_FACTORS = (1.0, 1.0, 1.0, 0.5)
 HOSTS = 2
@@ -71,8 +72,19 @@ _QUICK = flags.DEFINE_bool("quick", False, "A few minutes: the digits task only,
 _TASKS = flags.DEFINE_list("tasks", list(TASKS), f"Tasks, from {TASKS}.")
 _OPTIMIZERS = flags.DEFINE_list("optimizers", ["momentum", "adam"],
                                 f"Optimizers, from {sorted(OPTIMIZERS)}.")
-_COMPENSATIONS = flags.DEFINE_list("compensations", list(COMPENSATIONS),
-                                   f"Compensations of the HetPipe rows, from {COMPENSATIONS}.")
+_COMPENSATIONS = flags.DEFINE_list("compensations", ["none", "both", "average", "all"],
+                                   f"Compensations of the HetPipe rows, from {COMPENSATIONS} "
+                                   "(predict and momentum alone: docs/convergence.md).")
+_SCHEDULES = flags.DEFINE_list("schedules", list(SCHEDULES), "--mode=time: rows of these "
+                               f"synchronous pipeline schedules, from {SCHEDULES} (2 VWs "
+                               "as the planner makes them, each minibatch one step); empty: "
+                               "none.")
+_MICRO = flags.DEFINE_integer("micro_batches", 4, "M of the --schedules rows.", lower_bound=1)
+_HETSEQ = flags.DEFINE_bool("hetseq_rows", True, "--mode=time: a HetSeq row (every device "
+                            "the whole model, a share of each batch by its speed).")
+_DEFAULT_ROW = flags.DEFINE_bool("default_row", True, "--mode=time: a row of the strategy "
+                                 "with no n_m, clock_distance or compensation (its defaults; "
+                                 "the row shows the N_m and D they chose).")
 _DISTANCES = flags.DEFINE_list("distances", ["0", "4", "32"], "Clock distances D.")
 _EPOCHS = flags.DEFINE_integer("epochs", 0, "Epochs (0: 12 for time, 4 for gap; --quick "
                                "time: 8).", lower_bound=0)
@@ -100,6 +112,8 @@ flags.register_validator("optimizers", lambda v: _check(v, OPTIMIZERS),
                          f"--optimizers: from {sorted(OPTIMIZERS)}.")
 flags.register_validator("compensations", lambda v: _check(v, COMPENSATIONS),
                          f"--compensations: from {COMPENSATIONS}.")
+flags.register_validator("schedules", lambda v: all(x in SCHEDULES for x in v),
+                         f"--schedules: from {SCHEDULES}.")
 flags.register_validator("distances", lambda v: bool(v) and all(x.isdigit() for x in v),
                          "--distances: integers >= 0, e.g. 0,4,32.")
 
@@ -234,10 +248,12 @@ def train(task, opt: str, weights0, epochs: int, strategy=None, seed: int = 0) -
         row["history"] = clock.history
         if strategy is not None:
             row["n_m"] = strategy.extended.n_m
+            row["d"] = strategy.extended.clock_distance
+            row["compensation"] = strategy.extended.compensation.value
             row["stages"] = [p.num_stages for p in strategy.plans]
-            coord = strategy.coordinator(model)
-            if coord is not None:
-                row["spread"] = coord.servers.max_clock_distance
+            servers = getattr(strategy.coordinator(model), "servers", None)
+            if servers is not None:   # not in HetSeq mode
+                row["spread"] = servers.max_clock_distance
     finally:
         if strategy is not None:
             strategy.close()
@@ -266,6 +282,10 @@ def time_settings(cluster, devices, distances, compensations):
 
     out = [("plain Keras, 1 device (reference)", None),
            ("sync DP 4 VWs x 1 stage, N_m=1, D=0", sync_dp)]
+    if _DEFAULT_ROW.value:   # what the strategy picks when the user gives nothing
+        out.append(("HetPipe NP 2 VWs (planner), defaults",
+                     lambda _m: HetPipeStrategy(cluster, allocation="NP",
+                                                num_virtual_workers=2)))
     for d in distances:
         for c in compensations:
             out.append((f"HetPipe NP 2 VWs (planner), D={d}, {c}",
@@ -277,6 +297,17 @@ def time_settings(cluster, devices, distances, compensations):
                         lambda _m, d=d: HetPipeStrategy(
                             cluster, allocation="NP", num_virtual_workers=2,
                             clock_distance=d, n_m=1)))
+    names = {"gpipe": "GPipe", "1f1b": "1F1B"}
+    for sched in _SCHEDULES.value:
+        for d in distances:
+            out.append((f"{names[sched]} NP 2 VWs (planner), M={_MICRO.value}, D={d}",
+                        lambda _m, d=d, sched=sched: HetPipeStrategy(
+                            cluster, allocation="NP", num_virtual_workers=2,
+                            clock_distance=d, schedule=sched,
+                            micro_batches=_MICRO.value)))
+    if _HETSEQ.value:
+        out.append(("HetSeq 4 devices, shares by speed",
+                    lambda _m: HetPipeStrategy(cluster, data_parallel="hetseq")))
     return out
 
 
@@ -382,7 +413,7 @@ def main(argv: list[str]) -> int:
                   + ("" if gap else f"; target accuracy {target}"))
             rows = [("setting", "final acc", "gap") if gap else
                     ("setting", "N_m", "s to target", "epochs", "final acc", "speed-up vs "
-                     "sync DP")]
+                     "sync DP", "D")]
             ref_acc, sync_s = None, None
             for label, make in settings:
                 t0 = time.perf_counter()
@@ -402,10 +433,13 @@ def main(argv: list[str]) -> int:
                     s, e = to_target(r["history"], target)
                     if label.startswith("sync DP"):
                         sync_s = s
-                    speed = (f"{sync_s / s:.2f}x" if s and sync_s and "HetPipe" in label
-                             else "")
+                    compared = make is not None and not label.startswith("sync DP")
+                    speed = f"{sync_s / s:.2f}x" if s and sync_s and compared else ""
+                    if label.endswith("defaults"):   # what they chose
+                        label += f" ({r.get('compensation')})"
                     rows.append((label, str(r.get("n_m", "-")), _fmt(s, ".1f"),
-                                 _fmt(e, "d"), f"{acc:.3f}", speed))
+                                 _fmt(e, "d"), f"{acc:.3f}", speed,
+                                 str(r.get("d", "-"))))
                 logging.info("%s took %.0f s", label, time.perf_counter() - t0)
                 print(f"  done: {label} ({time.perf_counter() - t0:.0f} s)", flush=True)
             print(_cli.markdown_table(rows), flush=True)

@@ -39,6 +39,20 @@ class Compensation(enum.Enum):
     MOMENTUM = "momentum"  # stage optimizers' momentum reduced by the implied momentum
                            # (hetpipe_tf/strategy/compensation.py)
     BOTH = "both"          # PREDICT and MOMENTUM together
+    AVERAGE = "average"    # each of N VWs' updates scaled by 1/N (strategy/averaging.py)
+    ALL = "all"            # PREDICT, MOMENTUM and AVERAGE
+
+    @property
+    def predicts(self) -> bool:
+        return self in (Compensation.PREDICT, Compensation.BOTH, Compensation.ALL)
+
+    @property
+    def reduces_momentum(self) -> bool:
+        return self in (Compensation.MOMENTUM, Compensation.BOTH, Compensation.ALL)
+
+    @property
+    def averages(self) -> bool:
+        return self in (Compensation.AVERAGE, Compensation.ALL)
 
     @classmethod
     def parse(cls, value) -> "Compensation":

@@ -21,6 +21,10 @@ An optimizer with neither attribute is left as it is.
 
 `Compensation.BOTH` applies the two.
 
+`Compensation.AVERAGE` scales each of N virtual workers' learning rate by 1/N
+(strategy/averaging.py: a wave of N VWs then moves w_global as one synchronous step with
+averaged gradients, not summed ones); `Compensation.ALL` is BOTH and AVERAGE.
+
 docs/convergence.md compares the options and says what each changes in Section 6.
 """
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 from typing import Callable
 
 from hetpipe_tf.pipeline.compensation import Compensation, WeightPredictor
+from hetpipe_tf.strategy.averaging import averaging_adjustment
 
 __all__ = ["Compensation", "implied_staleness", "reduced_momentum", "optimizer_adjustment",
            "predictor_factory"]
@@ -58,8 +63,9 @@ def optimizer_adjustment(compensation: Compensation, n_m: int | None, num_vws: i
                          clock_distance: int = 0) -> Callable[[object], None] | None:
     """What to do to each built stage optimizer (None: nothing)."""
     s = implied_staleness(n_m, num_vws, clock_distance)
-    if compensation not in (Compensation.MOMENTUM, Compensation.BOTH) or s == 0:
-        return None
+    average = averaging_adjustment(num_vws) if compensation.averages else None
+    if not compensation.reduces_momentum or s == 0:
+        return average
 
     def adjust(optimizer) -> None:
         for name in _MOMENTUM_ATTRIBUTES:
@@ -67,6 +73,8 @@ def optimizer_adjustment(compensation: Compensation, n_m: int | None, num_vws: i
             if isinstance(mu, (int, float)) and not isinstance(mu, bool) and mu > 0:
                 # Plain attributes read when the update is traced (the first apply).
                 setattr(optimizer, name, reduced_momentum(mu, s))
+        if average is not None:
+            average(optimizer)
     return adjust
 
 
@@ -75,7 +83,7 @@ def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int 
     """device -> the stage's predictor (None without weight prediction or local
     staleness: with N_m = 1 no version misses a local update)."""
     def make(device: str) -> WeightPredictor | None:
-        if compensation not in (Compensation.PREDICT, Compensation.BOTH) or (n_m or 1) <= 1:
+        if not compensation.predicts or (n_m or 1) <= 1:
             return None
         return WeightPredictor(device, scale=float(num_vws))
     return make

@@ -19,22 +19,28 @@ def test_cost_mode_prints_every_compensation():
                       "--cost_layers=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = _rows(proc.stdout)
-    assert [r[0] for r in rows] == ["compensation", "none", "predict", "momentum", "both"]
+    assert [r[0] for r in rows] == ["compensation", "none", "predict", "momentum", "both",
+                                    "average", "all"]
     assert all(float(r[1]) > 0 for r in rows[1:])
 
 
 @pytest.mark.slow
 def test_time_mode_tiny_table():
     proc = run_binary("benchmarks.time_to_accuracy", "--tasks=spirals", "--optimizers=adam",
-                      "--compensations=none,both", "--distances=0", "--epochs=1",
-                      "--spiral_examples=256", "--width=1", "--nm1_rows=false",
-                      "--target=0.01")
+                      "--compensations=all", "--distances=0", "--epochs=1",
+                      "--spiral_examples=128", "--width=1", "--nm1_rows=false",
+                      "--schedules=1f1b", "--target=0.01")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = _rows(proc.stdout)
-    assert rows[0][:3] == ["setting", "N_m", "s to target"]
+    rows = [r for r in _rows(proc.stdout) if len(r) == 7]   # not HetSeq's shares table
+    assert rows[0][:3] == ["setting", "N_m", "s to target"] and rows[0][6] == "D"
     labels = [r[0] for r in rows[1:]]
     assert labels[0].startswith("plain Keras") and labels[1].startswith("sync DP")
-    assert [l.split(", ")[-1] for l in labels[2:]] == ["none", "both"]
+    # The defaults row names what the strategy chose; then the compensation, 1F1B, HetSeq.
+    assert labels[2] == "HetPipe NP 2 VWs (planner), defaults (none)", labels
+    assert labels[3].endswith("D=0, all")
+    assert labels[4].startswith("1F1B") and labels[5].startswith("HetSeq")
+    assert rows[3][1] == "2" and rows[3][6] == "0"    # the defaults: N_m = 2, D = 0
+    assert rows[5][1] == "1" and rows[6][1] == "1"    # synchronous rows: N_m = 1
     for r in rows[1:]:
         assert "FAILED" not in r[1], r
         assert 0.0 <= float(r[4]) <= 1.0 and re.fullmatch(r"\d+\.\d", r[2]), r

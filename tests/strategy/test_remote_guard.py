@@ -37,7 +37,7 @@ def test_guard_only_for_one_vw_on_remote_tasks():
     guard = guard_for(_extended([remote], cluster))
     try:
         assert guard.addresses == {"worker:0": spec["worker"][0]}
-        assert guard.uses["worker:0"].stages == ((0, 0, "/job:worker/replica:0/task:0/device:CPU:0"),)
+        assert guard.uses["worker:0"].stages == ((0, 0, remote.stages[0].tf_device),)
     finally:
         guard.close()
     assert guard_for(_extended([remote], None)) is None                  # a local job

@@ -107,6 +107,8 @@ def test_one_vw_on_two_workers_lost_worker_named_within_the_bound(sig):
     assert out["stages"] == [[0, stage, "/job:worker/replica:0/task:1/device:CPU:0"]]
     assert out["virtual_workers"] == [0]
     assert ("process is gone" if sig == "SIGKILL" else "has not answered") in out["message"]
+    print(f"one VW, {sig} of worker:1: TaskLostError {out['after_s']:.2f} s after the signal "
+          f"(fault_timeout_s={TIMEOUT_S}), close() {out['close_s']:.2f} s")   # shown with -s
     # Bound: fault_timeout_s; generous slack for a loaded 2-core machine.
     assert out["after_s"] < TIMEOUT_S + 10.0, out
     assert out["close_s"] < 10.0, out

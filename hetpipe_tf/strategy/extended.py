@@ -330,9 +330,11 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if self.allocation is None:
             from hetpipe_tf.strategy.schedules import sync_memory
             return plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
-                                         self.max_m, sync=sync_memory(self))
+                                         self.max_m, sync=sync_memory(self),
+                                         compensation=self.compensation)
         return plan_virtual_workers(model, batch_size, self._cluster_arg, self.allocation,
-                                    self.num_virtual_workers, self.n_m, self.max_m)
+                                    self.num_virtual_workers, self.n_m, self.max_m,
+                                    compensation=self.compensation)
 
     def drain(self) -> None:
         if threading.get_ident() in self._runtime_threads:

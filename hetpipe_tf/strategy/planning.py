@@ -4,7 +4,9 @@ Used when `HetPipeStrategy` gets no plan: at the first `fit` the model is profil
 dataset's batch size (device types present on this machine are measured on their device,
 the others estimated from the catalog) and the MILP partitions it over the cluster's
 devices, in pipeline order, with N_m minibatches in flight (default: min(Max_m, k)), by
-`hetpipe_tf.partitioner.planner.plan_model`.
+`hetpipe_tf.partitioner.planner.plan_model`. With no `n_m` given, N_m is then chosen for
+time to accuracy (hetpipe_tf/strategy/defaults.py): the largest N_m only when filling the
+pipeline buys more time than its staleness costs in epochs.
 """
 
 from __future__ import annotations
@@ -63,8 +65,21 @@ def groups_within(devices: Sequence[Any], most: int) -> list[tuple]:
     return out
 
 
+def _n_m_for_time(plans: Sequence, compensation) -> int:
+    """N_m of `plans` (the throughput default) lowered by the time-to-accuracy rule."""
+    from hetpipe_tf.strategy.defaults import epoch_cost, n_m_for_time_to_accuracy
+
+    best = n_m_for_time_to_accuracy([[s.time_s for s in p.stages] for p in plans],
+                                    plans[0].n_m, epoch_cost(compensation))
+    if best < plans[0].n_m:
+        logger.info("N_m = %d chosen for time to accuracy (the pipeline's predicted pace "
+                    "against the epochs local staleness costs; throughput alone: N_m = %d); "
+                    "pass n_m= to choose.", best, plans[0].n_m)
+    return best
+
+
 def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
-                          max_m: int | None, sync=None) -> tuple:
+                          max_m: int | None, sync=None, compensation=None) -> tuple:
     """Profile and partition `model` with hetpipe_tf.partitioner.planner.plan_model: one
     virtual worker of every device, or, when the model has fewer stages to give than the
     cluster has devices, the fewest VWs that use every device (data parallelism between
@@ -84,17 +99,22 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
             "training as %d virtual workers (data parallel under WSP) of %s devices: %s.",
             model.name, most, len(cl.devices), len(vws),
             "/".join(str(len(v)) for v in vws), [[d.name for d in v] for v in vws])
-        return plan_devices(model, batch_size, cl, vws, n_m, max_m)
+        return plan_devices(model, batch_size, cl, vws, n_m, max_m, compensation)
     # `sync`: a synchronous schedule's memory model (partitioner/cost.py SyncMemory).
     result = plan_model(model, cl, batch_size, n_m=n_m, optimizer=model.optimizer, sync=sync)
     if max_m is not None and result.plan.n_m > max_m:
         result = plan_model(model, cl, batch_size, n_m=max_m, optimizer=model.optimizer,
                             profile=result.profile)
+    if n_m is None and sync is None:
+        best = _n_m_for_time((result.plan,), compensation)
+        if best < result.plan.n_m:
+            result = plan_model(model, cl, batch_size, n_m=best, optimizer=model.optimizer,
+                                profile=result.profile)
     return (result.plan,)
 
 
 def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_vws,
-                         n_m: int | None, max_m: int | None) -> tuple:
+                         n_m: int | None, max_m: int | None, compensation=None) -> tuple:
     """Form virtual workers by `allocation` (hetpipe_tf.cluster.allocation) and plan each
     with one N_m, profiling the model once: `n_m` if given, else the single-VW default
     min(Max_m, k) taken over the VWs (k = devices of a VW: k minibatches in flight keep a
@@ -103,11 +123,12 @@ def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_v
 
     cl = resolve_cluster(cluster)
     return plan_devices(model, batch_size, cl,
-                        allocate(cl, allocation, num_virtual_workers=num_vws), n_m, max_m)
+                        allocate(cl, allocation, num_virtual_workers=num_vws), n_m, max_m,
+                        compensation)
 
 
 def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int | None,
-                 max_m: int | None) -> tuple:
+                 max_m: int | None, compensation=None) -> tuple:
     """Plan each virtual worker of `vws` (device tuples) with one N_m, profiling the model
     once (the N_m rule of `plan_virtual_workers`)."""
     from hetpipe_tf.partitioner.milp import plan_virtual_workers as plan_all
@@ -123,4 +144,9 @@ def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int |
     if max_m is not None and plans[0].n_m > max_m:
         plans = plan_all(first.profile, vws, cluster=cl, n_m=max_m,
                          optimizer_slots=first.plan.optimizer_slots)
+    if n_m is None:
+        best = _n_m_for_time(plans, compensation)
+        if best < plans[0].n_m:
+            plans = plan_all(first.profile, vws, cluster=cl, n_m=best,
+                             optimizer_slots=first.plan.optimizer_slots)
     return plans

@@ -30,8 +30,8 @@ def test_tf_config_and_bad_values(monkeypatch):
 
 
 def test_allocation_plans_use_the_default_n_m_of_one_virtual_worker():
-    """N_m = min(Max_m, k) as for one VW (docs/partitioner.md), not Max_m: with memory to
-    spare Max_m is the search limit (32), far beyond what keeps 2 stages busy."""
+    """N_m at most min(Max_m, k) as for one VW (docs/partitioner.md), not Max_m: with memory
+    to spare Max_m is the search limit (32), far beyond what keeps 2 stages busy."""
     import keras
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.strategy import HetPipeStrategy
@@ -46,7 +46,13 @@ def test_allocation_plans_use_the_default_n_m_of_one_virtual_worker():
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
         assert strategy.num_virtual_workers == 2
         assert [p.num_stages for p in strategy.plans] == [2, 2]
-        assert strategy.n_m == 2 and {p.n_m for p in strategy.plans} == {2}
+        # min(Max_m, k) = 2 bounds it; within it the time-to-accuracy rule chooses
+        # (strategy/defaults.py: N_m = 1 when filling the pipeline buys less time than
+        # its staleness costs in epochs).
+        from hetpipe_tf.strategy.defaults import epoch_cost, n_m_for_time_to_accuracy
+        times = [[s.time_s for s in p.stages] for p in strategy.plans]
+        assert strategy.n_m == n_m_for_time_to_accuracy(times, 2, epoch_cost("none")) <= 2
+        assert {p.n_m for p in strategy.plans} == {strategy.n_m}
 
 
 def test_a_model_with_fewer_stages_than_devices_forms_more_virtual_workers(caplog):

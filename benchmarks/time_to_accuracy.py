@@ -100,7 +100,8 @@ _WIDTH = flags.DEFINE_integer("width", 0, "Hidden widths x this (digits: 128-64-
 _SPIRALS = flags.DEFINE_integer("spiral_examples", 4096, "Generated spirals training "
                                 "examples (validation: a quarter as many).", lower_bound=32)
 _NM1 = flags.DEFINE_bool("nm1_rows", True, "--mode=time: also HetPipe at N_m = 1 (no local "
-                         "staleness; the planner's default is min(Max_m, stages)).")
+                         "staleness), compensation none and average; --mode=gap: also 2 VWs "
+                         "at N_m = 1, D = 4, per compensation.")
 
 
 def _check(values, allowed) -> bool:
@@ -288,15 +289,17 @@ def time_settings(cluster, devices, distances, compensations):
                                                 num_virtual_workers=2)))
     for d in distances:
         for c in compensations:
-            out.append((f"HetPipe NP 2 VWs (planner), D={d}, {c}",
+            # N_m = 2 = min(Max_m, k), the throughput default (the defaults row shows what
+            # the time-to-accuracy rule picks).
+            out.append((f"HetPipe NP 2 VWs (planner), N_m=2, D={d}, {c}",
+                        lambda _m, d=d, c=c: HetPipeStrategy(
+                            cluster, allocation="NP", num_virtual_workers=2, n_m=2,
+                            clock_distance=d, compensation=c)))
+        for c in (("none", "average") if _NM1.value else ()):
+            out.append((f"HetPipe NP 2 VWs (planner), N_m=1, D={d}, {c}",
                         lambda _m, d=d, c=c: HetPipeStrategy(
                             cluster, allocation="NP", num_virtual_workers=2,
-                            clock_distance=d, compensation=c)))
-        if _NM1.value:
-            out.append((f"HetPipe NP 2 VWs (planner), D={d}, N_m=1",
-                        lambda _m, d=d: HetPipeStrategy(
-                            cluster, allocation="NP", num_virtual_workers=2,
-                            clock_distance=d, n_m=1)))
+                            clock_distance=d, n_m=1, compensation=c)))
     names = {"gpipe": "GPipe", "1f1b": "1F1B"}
     for sched in _SCHEDULES.value:
         for d in distances:
@@ -323,6 +326,11 @@ def gap_settings(devices, compensations):
         out.append((f"2 VWs x 2 stages, N_m=2, D=4, {c}",
                     lambda m, c=c: HetPipeStrategy(
                         plan=[even_plan(m(), devices[w * 2:w * 2 + 2], n_m=2)
+                              for w in range(2)], clock_distance=4, compensation=c)))
+    for c in (compensations if _NM1.value else ()):
+        out.append((f"2 VWs x 2 stages, N_m=1, D=4, {c}",
+                    lambda m, c=c: HetPipeStrategy(
+                        plan=[even_plan(m(), devices[w * 2:w * 2 + 2], n_m=1)
                               for w in range(2)], clock_distance=4, compensation=c)))
     return out
 

@@ -43,7 +43,10 @@ class HetPipeStrategy(tf.distribute.Strategy):
         Without it the planner partitions the model at the first `fit`. With a callable
         or the planner, variables stay on the host device and each minibatch's weight
         version is copied to the stage devices (see docs/strategy.md).
-      n_m: minibatches in flight (N_m). Defaults to the plan's N_m.
+      n_m: minibatches in flight (N_m). Defaults to the plan's N_m; when the planner
+        makes the plan, to the N_m <= min(Max_m, stages) that the time-to-accuracy rule
+        picks (strategy/defaults.py: filling the pipeline must buy more time than its
+        staleness costs in epochs; docs/convergence.md "The defaults").
       max_m: the memory bound Max_m, when known (N_m > Max_m is an error).
       clock_distance: WSP's bound D on the clock distance between VWs (0 = BSP-like).
       placement: where the parameter servers keep each layer: "default" (round-robin over
@@ -70,7 +73,9 @@ class HetPipeStrategy(tf.distribute.Strategy):
         trains by the paper's rules exactly; `Compensation.PREDICT` forwards each
         minibatch at its weight version moved ahead by the local updates it misses;
         `Compensation.MOMENTUM` lowers the stage optimizers' momentum by the momentum that
-        staleness implies; `Compensation.BOTH` does both. A Compensation or its name.
+        staleness implies; `Compensation.BOTH` does both; `Compensation.AVERAGE` scales
+        each of N VWs' learning rate by 1/N (averaged, not summed, updates);
+        `Compensation.ALL` is BOTH and AVERAGE. A Compensation or its name.
       data_parallel: `DataParallel.WSP` (or "wsp"): the layouts above. `DataParallel.HETSEQ`
         (or "hetseq"): every device of `cluster` holds the whole model and takes a share of
         each batch by its speed, one synchronous update per batch (docs/hetseq.md); with

@@ -13,8 +13,13 @@ epochs to --target validation accuracy, and the final accuracy, for
     stage at N_m = 1, D = 0 (exactly synchronous SGD over 4 workers, as Horovod or
     MirroredStrategy would run it; the slow device holds every step back),
   - HetPipe as the planner configures it (NP allocation: one VW per emulated host, each a
-    2-stage pipeline, N_m = the planner's default) at D = 0, 4, 32, for every
-    --compensations value.
+    2-stage pipeline): with the strategy's defaults (no n_m, D or compensation given: the
+    row shows the N_m and D they chose), and at N_m = 2 (= min(Max_m, k), the throughput
+    default) at D = 0, 4, 32 for every --compensations value, and at N_m = 1 with
+    compensation none and average,
+  - the synchronous schedules GPipe and 1F1B (--schedules, M = --micro_batches) on the
+    same 2 VWs at each D, and HetSeq (every device the whole model, a share of each batch
+    by its speed; one synchronous step per batch).
 The cluster is 4 logical CPU devices of this machine on 2 emulated hosts, the last device
 EMULATED at 0.5x (its tasks sleep for the extra time); the rows say so. The clock starts
 when the first minibatch returned (tracing, planning and profiling are left out of every
@@ -67,6 +72,8 @@ _MODE = flags.DEFINE_enum("mode", "time", ["time", "gap", "cost"], "time: time t
 _COST_WIDTH = flags.DEFINE_integer("cost_width", 512, "--mode=cost: layer width.",
                                    lower_bound=1)
 _COST_LAYERS = flags.DEFINE_integer("cost_layers", 4, "--mode=cost: layers.", lower_bound=1)
+_COST_ROUNDS = flags.DEFINE_integer("cost_rounds", 300, "--mode=cost: minibatches per timed "
+                                    "round (5 rounds, the median printed).", lower_bound=1)
 _QUICK = flags.DEFINE_bool("quick", False, "A few minutes: the digits task only, fewer "
                            "epochs, D in {0, 4}.")
 _TASKS = flags.DEFINE_list("tasks", list(TASKS), f"Tasks, from {TASKS}.")
@@ -394,7 +401,7 @@ def main(argv: list[str]) -> int:
         print(f"One stage's take + apply per minibatch on {devices[0]}: "
               f"{_COST_LAYERS.value} x ({_COST_WIDTH.value} x {_COST_WIDTH.value}) float32 "
               "weights, SGD momentum 0.9, N_m = 2 (median of 5 x 300 minibatches).")
-        print(_cli.markdown_table(cost_table(devices[0])))
+        print(_cli.markdown_table(cost_table(devices[0], _COST_ROUNDS.value)))
         return 0
     gap = _MODE.value == "gap"
     tasks = ["digits"] if (_QUICK.value or gap) else _TASKS.value

@@ -16,7 +16,7 @@ def _rows(out: str) -> list[list[str]]:
 
 def test_cost_mode_prints_every_compensation():
     proc = run_binary("benchmarks.time_to_accuracy", "--mode=cost", "--cost_width=16",
-                      "--cost_layers=1")
+                      "--cost_layers=1", "--cost_rounds=20")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = _rows(proc.stdout)
     assert [r[0] for r in rows] == ["compensation", "none", "predict", "momentum", "both",

@@ -362,11 +362,11 @@ def cost_table(device: str, rounds: int = 300) -> list[tuple[str, ...]]:
                                         * 0.01) for i in range(k)]
         opt = keras.optimizers.SGD(1e-3, momentum=0.9)
         opt.build(variables)
-        adjust = optimizer_adjustment(comp, 2)
+        adjust = optimizer_adjustment(comp, 2, num_vws=2)   # a stage of one of 2 VWs
         if adjust is not None:
             adjust(opt)
         sw = StageWeights(device, variables, [], opt, n_m=2,
-                          predictor=predictor_factory(comp, 2)(device))
+                          predictor=predictor_factory(comp, 2, 2)(device))
         grads = [tf.ones((w, w)) * 1e-3 for _ in range(k)]
         sw.start_run(1, 0)
         times = []
@@ -400,7 +400,8 @@ def main(argv: list[str]) -> int:
     if _MODE.value == "cost":
         print(f"One stage's take + apply per minibatch on {devices[0]}: "
               f"{_COST_LAYERS.value} x ({_COST_WIDTH.value} x {_COST_WIDTH.value}) float32 "
-              "weights, SGD momentum 0.9, N_m = 2 (median of 5 x 300 minibatches).")
+              "weights, SGD momentum 0.9, N_m = 2, a stage of one of 2 VWs (median of 5 x "
+              f"{_COST_ROUNDS.value} minibatches).")
         print(_cli.markdown_table(cost_table(devices[0], _COST_ROUNDS.value)))
         return 0
     gap = _MODE.value == "gap"

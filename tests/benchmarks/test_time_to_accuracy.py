@@ -39,7 +39,8 @@ def test_time_mode_tiny_table():
     assert labels[2] == "HetPipe NP 2 VWs (planner), defaults (none)", labels
     assert labels[3].endswith("D=0, all")
     assert labels[4].startswith("1F1B") and labels[5].startswith("HetSeq")
-    assert rows[3][1] == "2" and rows[3][6] == "0"    # the defaults: N_m = 2, D = 0
+    # The defaults: N_m within min(Max_m, k) = 2 as the time-to-accuracy rule picks, D = 0.
+    assert rows[3][1] in ("1", "2") and rows[3][6] == "0"
     assert rows[5][1] == "1" and rows[6][1] == "1"    # synchronous rows: N_m = 1
     for r in rows[1:]:
         assert "FAILED" not in r[1], r

@@ -397,3 +397,12 @@ def gradient_flat(tape: tf.GradientTape, targets: list, sources: list,
                                             output_gradients=output_gradients)
     tape._tape = None
     return grads
+
+
+def host_task() -> str:
+    """This process's task, e.g. "/job:chief/replica:0/task:0" ("/job:localhost/..." when
+    not connected): TensorFlow has no public way to ask, and once connected
+    `tf.config.list_logical_devices()` lists every task's devices (pipeline/transport.py)."""
+    from tensorflow.python.eager import context
+
+    return context.context().host_address_space()

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core.schedule import Task, TaskKind
-from hetpipe_tf.pipeline import tied
+from hetpipe_tf.pipeline import tied, transport
 from hetpipe_tf.pipeline.executor import STOP, ThreadedExecutor
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
@@ -324,7 +324,7 @@ class PipelineRuntime(ThreadedExecutor):
         # crashed TensorFlow now and then when the stage runs on a remote task (absl
         # "Mutex corrupt" aborts and segfaults in 3 of 12 loaded chief_traffic runs; 0 of
         # 24 with values).
-        self.logs = {k: v.numpy() for k, v in logs.items()}
+        self.logs = transport.host_values(logs)   # one round trip for all of them
         self.logs_time = time.perf_counter()
 
     def _updater(self) -> None:

@@ -30,6 +30,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim as keras_shim
+from hetpipe_tf.pipeline import transport
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.emulation import emulate_slowdown
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
@@ -180,11 +181,15 @@ class StageWeights:
         """w_local += new - old; every later version moves by the same delta. Returns the
         new values (copies: `new` may be another device's or a pulled tensor) and the
         moved versions."""
-        new = [tf.identity(x) for x in new]
-        delta = [a - b for a, b in zip(new, old)]
-        for v, d in zip(self.variables, delta):
-            keras_shim.variable_handle(v).assign_add(d)
-        return new, [[x + d for x, d in zip(version, delta)] for version in later]
+        # Pinned: without a device, the placer put these ops next to their input, the pulled
+        # values' ps task, so every later version lived there and each forward read its
+        # weights over the wire (3 model sizes a wave more; docs/cluster_jobs.md).
+        with tf.device(self.device):
+            new = [tf.identity(x) for x in new]
+            delta = [a - b for a, b in zip(new, old)]
+            for v, d in zip(self.variables, delta):
+                keras_shim.variable_handle(v).assign_add(d)
+            return new, [[x + d for x, d in zip(version, delta)] for version in later]
 
     def rebase(self, q: int, trainable: Sequence, non_trainable: Sequence) -> None:
         """Make w_local as of update q equal the given values, keeping later updates."""
@@ -192,9 +197,12 @@ class StageWeights:
             last, t_old, n_old = self._versions[q + self._n_m]
             # Versions after q already taken: they move too.
             later = [p for p in self._versions if p > q + self._n_m]
+            pulled = [*trainable, *non_trainable]
+            # Hosted on the stage's task, which must find the pulled tensors (transport.py).
+            transport.wait_for_other_tasks(self.device, pulled)
             with tf.device(self.device):
                 new, moved = self._rebase_fn(
-                    [*trainable, *non_trainable], [*t_old, *n_old],
+                    pulled, [*t_old, *n_old],
                     [[*self._versions[p][1], *self._versions[p][2]] for p in later])
             k = len(self.trainable)
             for p, values in zip(later, moved):

@@ -1,0 +1,229 @@
+r"""Speed of the wire: a multi-process cluster job against the same plans in one process,
+and the bytes on each link per minibatch next to the minimum WSP needs.
+
+  python -m benchmarks.wire_speed                     # small and 3.4 M MLP, N_m = 1 and 4, D = 1
+
+Layout: 2 virtual workers (VWs) of one stage each, w_global on a parameter server, WSP with
+clock distance D, Adam. "cluster": real `tf.distribute.Server` processes on 127.0.0.1 (2
+worker tasks, one VW each, and 1 ps task; `hetpipe_tf.cluster.serve.start_local_servers`,
+stopped by pid on exit) driven by a chief process over TensorFlow's gRPC runtime, as a
+cluster job runs. "one process": the same plans on 2 logical CPU devices of one process
+(`Cluster.local`). Each mode runs in a fresh subprocess of this binary (connecting to a
+cluster changes a process's TensorFlow context for good); both see the same 2-core machine.
+
+Throughput is the slope of two fits of N and 3N minibatches (minibatches / second), so
+run-boundary work (w_global seeded from the model, the final pull) cancels out. Bytes are the
+TCP counters of every process's sockets (`ss -tinp`, iproute2) over the same two fits, per
+link (two tasks; both directions summed), also as a slope. The minimum is what WSP needs:
+on a VW's link to the ps, one push and one pull of the VW's parameters per wave of N_m
+minibatches (2 x model bytes / N_m per minibatch of that VW, times the share of the
+job's minibatches it took); on the chief's link to a worker, the input
+of the minibatches that VW took (the chief reads the dataset). One run on whatever machine
+runs it; every task shares its cores (docs/cluster_jobs.md, "Speed of the wire").
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import json  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+
+from benchmarks._cli import run  # noqa: E402
+
+_PARAMS = flags.DEFINE_list("params", ["100000", "3400000"], "About how many parameters each "
+                            "MLP has (one table row group per model).")
+_N_M = flags.DEFINE_list("n_m", ["1", "4"], "N_m values (minibatches per wave).")
+_D = flags.DEFINE_integer("clock_distance", 1, "WSP clock distance D.", lower_bound=0)
+_MINIBATCHES = flags.DEFINE_integer("minibatches", 24, "N: the first timed fit's "
+                                    "minibatches (the second has 3N).", lower_bound=2)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
+_MODE = flags.DEFINE_enum("mode", None, ["cluster", "local"], "Internal: measure one mode "
+                          "in this process and print its figures as JSON.")
+
+FEATURES, DEPTH = 1024, 4
+_MB = 1e6
+
+
+def _width(params: int) -> int:
+    # FEATURES*w + (DEPTH-1)*w^2 ~ params.
+    a, b = DEPTH - 1, FEATURES
+    return max(8, int((-b + (b * b + 4 * a * params) ** 0.5) / (2 * a)))
+
+
+def socket_bytes() -> list[tuple[str, str, int, int]]:
+    """(local address, peer address, bytes sent, pid) of every TCP socket `ss` shows."""
+    out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout
+    rows, cur = [], None
+    for line in out.splitlines():
+        if line and not line[0].isspace():
+            parts = line.split()
+            pid = re.search(r"pid=(\d+),", line)
+            cur = [parts[3], parts[4], 0, int(pid.group(1)) if pid else -1] if len(parts) > 4 else None
+            rows.append(cur)
+        elif cur is not None:
+            s = re.search(r"bytes_sent:(\d+)", line)
+            cur[2] += int(s.group(1)) if s else 0
+    return [tuple(r) for r in rows if r is not None]
+
+
+def link_bytes(tasks: dict[int, str]) -> dict[tuple[str, str], int]:
+    """Bytes sent so far between each pair of tasks (pid -> task name), both directions.
+    A socket's peer is found by its address among the other sockets (all on 127.0.0.1)."""
+    rows = socket_bytes()
+    owner = {local: pid for local, _, _, pid in rows if pid in tasks}
+    links: dict[tuple[str, str], int] = {}
+    for local, peer, sent, pid in rows:
+        if pid not in tasks or owner.get(peer) not in tasks:
+            continue
+        a, b = sorted((tasks[pid], tasks[owner[peer]]))
+        if a != b:
+            links[(a, b)] = links.get((a, b), 0) + sent
+    return links
+
+
+def _model(keras, width: int, name: str):
+    inp = keras.Input((FEATURES,))
+    h = inp
+    for i in range(DEPTH):
+        h = keras.layers.Dense(width, activation="relu", name=f"d{i}")(h)
+    return keras.Model(inp, keras.layers.Dense(10, name="out")(h), name=name)
+
+
+def _measure(mode: str, cluster_json: str | None) -> list[dict]:
+    """Every (model, N_m) setting in this process: throughput and (cluster) link bytes."""
+    if mode == "local":
+        from hetpipe_tf.cluster.local import configure_logical_devices
+        configure_logical_devices(2)
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.strategy import HetPipeStrategy, even_plan
+
+    tasks: dict[int, str] = {}
+    if mode == "cluster":
+        info = json.loads(cluster_json)
+        spec = info["cluster"]
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+        tf.config.experimental_connect_to_cluster(resolver, job_name="chief",
+                                                  make_master_device_default=False)
+        cluster = Cluster.from_tf_cluster_spec(
+            spec, {"worker:0": ["LOCAL_CPU"], "worker:1": ["LOCAL_CPU"]})
+        tasks = {os.getpid(): "chief", **{int(p): t for p, t in info["pids"].items()}}
+    else:
+        cluster = Cluster.local(["LOCAL_CPU"] * 2)
+    bs, n = _BATCH_SIZE.value, _MINIBATCHES.value
+    rs = np.random.RandomState(0)
+    x = rs.rand(3 * n * bs, FEATURES).astype("float32")
+    y = rs.randint(0, 10, len(x))
+    results = []
+    for params in map(int, _PARAMS.value):
+        width = _width(params)
+        for n_m in map(int, _N_M.value):
+            probe = _model(keras, width, "probe")
+            plans = [even_plan(probe, [d.tf_device], n_m=n_m) for d in cluster.devices]
+            strategy = HetPipeStrategy(cluster, plan=plans, clock_distance=_D.value)
+            with strategy.scope():
+                model = _model(keras, width, "mlp")
+                model.compile(keras.optimizers.Adam(1e-4),
+                              keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.fit(x[:n * bs], y[:n * bs], batch_size=bs, verbose=0)   # build, trace
+            coord = strategy.coordinator(model)
+            fits = []
+            for m in (n, 3 * n):
+                taken0 = [len(a) for a in coord.assignment]
+                b0 = link_bytes(tasks) if tasks else {}
+                t0 = time.perf_counter()
+                model.fit(x[:m * bs], y[:m * bs], batch_size=bs, verbose=0)
+                dt = time.perf_counter() - t0
+                b1 = link_bytes(tasks) if tasks else {}
+                taken = [len(a) - t for a, t in zip(coord.assignment, taken0)]
+                fits.append((m, dt, {f"{k[0]}-{k[1]}": b1[k] - b0.get(k, 0) for k in b1},
+                             taken))
+            (m1, t1, l1, k1), (m2, t2, l2, k2) = fits
+            slope = {k: (l2[k] - l1.get(k, 0)) / (m2 - m1) for k in l2}
+            share = [(b - a) / (m2 - m1) for a, b in zip(k1, k2)]
+            results.append({"params": model.count_params(), "n_m": n_m,
+                            "mb_per_s": (m2 - m1) / (t2 - t1), "links": slope,
+                            "share": share, "input_bytes": bs * (FEATURES * 4 + 8)})
+            strategy.close()
+            del model, strategy
+    return results
+
+
+def _child(mode: str, extra: list[str]) -> list[dict]:
+    args = [sys.executable, "-m", "benchmarks.wire_speed", f"--mode={mode}",
+            f"--params={','.join(_PARAMS.value)}", f"--n_m={','.join(_N_M.value)}",
+            f"--clock_distance={_D.value}", f"--minibatches={_MINIBATCHES.value}",
+            f"--batch_size={_BATCH_SIZE.value}", *extra]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"The {mode} measurement failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check_flags() -> None:
+    for name, values in (("params", _PARAMS.value), ("n_m", _N_M.value)):
+        if not values or not all(v.isdigit() and int(v) > 0 for v in values):
+            raise app.UsageError(f"--{name} must list positive integers. Received: "
+                                 f"--{name}={','.join(values)}; pass e.g. --{name}=1,4.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 2 or (len(argv) == 2 and _MODE.value != "cluster"):
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+    _check_flags()
+    if shutil.which("ss") is None:
+        raise OSError("This benchmark reads socket counters with `ss` (iproute2), which is "
+                      "not installed. Received: no `ss` on PATH; apt-get install iproute2.")
+    if _MODE.value is not None:
+        print(json.dumps(_measure(_MODE.value, argv[1] if len(argv) == 2 else None)))
+        return
+    from hetpipe_tf.cluster.serve import start_local_servers
+
+    local = _child("local", [])
+    with start_local_servers({"worker": 2, "ps": 1}) as servers:
+        names = [f"{job}{i}" for job, n in (("worker", 2), ("ps", 1)) for i in range(n)]
+        info = {"cluster": servers.cluster, "pids": dict(zip(servers.pids, names))}
+        remote = _child("cluster", [json.dumps(info)])
+    print(f"setting: 2 VWs x 1 stage (cluster: one per worker task, w_global on a ps task; "
+          f"one process: 2 logical CPU devices), D={_D.value}, Adam, batch "
+          f"{_BATCH_SIZE.value}, MLP {FEATURES}-in x {DEPTH} Dense; throughput = slope of "
+          f"fits of {_MINIBATCHES.value} and {3 * _MINIBATCHES.value} minibatches; all "
+          "tasks on 127.0.0.1 (one machine, shared cores)")
+    print(f"{'params':>10} {'N_m':>4} {'1-proc mb/s':>12} {'cluster mb/s':>13} "
+          f"{'ratio':>6}  {'link':<14} {'MB/minibatch':>13} {'WSP min MB':>11} "
+          f"{'x min':>6}")
+    for a, b in zip(local, remote):
+        size = b["params"] * 4
+        head = (f"{b['params']:>10,} {b['n_m']:>4} {a['mb_per_s']:>12.2f} "
+                f"{b['mb_per_s']:>13.2f} {b['mb_per_s'] / a['mb_per_s']:>6.2f}")
+        for link in sorted(b["links"]):
+            got = b["links"][link]
+            ends = link.split("-")
+            if ends[0].startswith("ps") and ends[1].startswith("worker"):
+                # One push and one pull a wave of the VW, which took this share of them.
+                minimum = 2 * size / b["n_m"] * b["share"][int(ends[1][len("worker"):])]
+            elif ends[0] == "chief" and ends[1].startswith("worker"):
+                minimum = b["input_bytes"] * b["share"][int(ends[1][len("worker"):])]
+            else:
+                minimum = 0.0
+            ratio = f"{got / minimum:>6.2f}" if minimum else f"{'-':>6}"
+            print(f"{head}  {link:<14} {got / _MB:>13.3f} {minimum / _MB:>11.3f} {ratio}")
+            head = " " * len(head)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -11,10 +11,13 @@ cluster job runs. "one process": the same plans on 2 logical CPU devices of one 
 (`Cluster.local`). Each mode runs in a fresh subprocess of this binary (connecting to a
 cluster changes a process's TensorFlow context for good); both see the same 2-core machine.
 
-Throughput is the slope of two fits of N and 3N minibatches (minibatches / second), so
-run-boundary work (w_global seeded from the model, the final pull) cancels out. Bytes are the
-TCP counters of every process's sockets (`ss -tinp`, iproute2) over the same two fits, per
-link (two tasks; both directions summed), also as a slope. The minimum is what WSP needs:
+Throughput is minibatches per second of one fit of N minibatches (one run: it includes the
+run's start and end, w_global seeded from the model and the last pull, as a user's epoch
+does), after a fit that builds and traces everything. Bytes are the TCP counters of every
+process's sockets (`ss -tinp`, iproute2) over that fit, per link (two tasks; both directions
+summed), per minibatch (the run's boundaries included, so at least the minimum). (A slope
+over fits of N and 3N was tried: on the shared cores it came out negative now and then.)
+The minimum is what WSP needs:
 on a VW's link to the ps, one push and one pull of the VW's parameters per wave of N_m
 minibatches (2 x model bytes / N_m per minibatch of that VW, times the share of the
 job's minibatches it took); on the chief's link to a worker, the input
@@ -43,8 +46,8 @@ _PARAMS = flags.DEFINE_list("params", ["100000", "3400000"], "About how many par
                             "MLP has (one table row group per model).")
 _N_M = flags.DEFINE_list("n_m", ["1", "4"], "N_m values (minibatches per wave).")
 _D = flags.DEFINE_integer("clock_distance", 1, "WSP clock distance D.", lower_bound=0)
-_MINIBATCHES = flags.DEFINE_integer("minibatches", 24, "N: the first timed fit's "
-                                    "minibatches (the second has 3N).", lower_bound=2)
+_MINIBATCHES = flags.DEFINE_integer("minibatches", 64, "N: the timed fit's minibatches.",
+                                    lower_bound=2)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
 _MODE = flags.DEFINE_enum("mode", None, ["cluster", "local"], "Internal: measure one mode "
                           "in this process and print its figures as JSON.")
@@ -125,7 +128,7 @@ def _measure(mode: str, cluster_json: str | None) -> list[dict]:
         cluster = Cluster.local(["LOCAL_CPU"] * 2)
     bs, n = _BATCH_SIZE.value, _MINIBATCHES.value
     rs = np.random.RandomState(0)
-    x = rs.rand(3 * n * bs, FEATURES).astype("float32")
+    x = rs.rand(n * bs, FEATURES).astype("float32")
     y = rs.randint(0, 10, len(x))
     results = []
     for params in map(int, _PARAMS.value):
@@ -138,25 +141,20 @@ def _measure(mode: str, cluster_json: str | None) -> list[dict]:
                 model = _model(keras, width, "mlp")
                 model.compile(keras.optimizers.Adam(1e-4),
                               keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            model.fit(x[:n * bs], y[:n * bs], batch_size=bs, verbose=0)   # build, trace
+            warm = max(2, n // 4)
+            model.fit(x[:warm * bs], y[:warm * bs], batch_size=bs, verbose=0)   # build, trace
             coord = strategy.coordinator(model)
-            fits = []
-            for m in (n, 3 * n):
-                taken0 = [len(a) for a in coord.assignment]
-                b0 = link_bytes(tasks) if tasks else {}
-                t0 = time.perf_counter()
-                model.fit(x[:m * bs], y[:m * bs], batch_size=bs, verbose=0)
-                dt = time.perf_counter() - t0
-                b1 = link_bytes(tasks) if tasks else {}
-                taken = [len(a) - t for a, t in zip(coord.assignment, taken0)]
-                fits.append((m, dt, {f"{k[0]}-{k[1]}": b1[k] - b0.get(k, 0) for k in b1},
-                             taken))
-            (m1, t1, l1, k1), (m2, t2, l2, k2) = fits
-            slope = {k: (l2[k] - l1.get(k, 0)) / (m2 - m1) for k in l2}
-            share = [(b - a) / (m2 - m1) for a, b in zip(k1, k2)]
-            results.append({"params": model.count_params(), "n_m": n_m,
-                            "mb_per_s": (m2 - m1) / (t2 - t1), "links": slope,
-                            "share": share, "input_bytes": bs * (FEATURES * 4 + 8)})
+            taken0 = [len(a) for a in coord.assignment]
+            b0 = link_bytes(tasks) if tasks else {}
+            t0 = time.perf_counter()
+            model.fit(x, y, batch_size=bs, verbose=0)
+            dt = time.perf_counter() - t0
+            b1 = link_bytes(tasks) if tasks else {}
+            share = [(len(a) - t) / n for a, t in zip(coord.assignment, taken0)]
+            links = {f"{k[0]}-{k[1]}": (b1[k] - b0.get(k, 0)) / n for k in b1}
+            results.append({"params": model.count_params(), "n_m": n_m, "mb_per_s": n / dt,
+                            "links": links, "share": share,
+                            "input_bytes": bs * (FEATURES * 4 + 8)})
             strategy.close()
             del model, strategy
     return results
@@ -200,8 +198,8 @@ def main(argv: list[str]) -> None:
         remote = _child("cluster", [json.dumps(info)])
     print(f"setting: 2 VWs x 1 stage (cluster: one per worker task, w_global on a ps task; "
           f"one process: 2 logical CPU devices), D={_D.value}, Adam, batch "
-          f"{_BATCH_SIZE.value}, MLP {FEATURES}-in x {DEPTH} Dense; throughput = slope of "
-          f"fits of {_MINIBATCHES.value} and {3 * _MINIBATCHES.value} minibatches; all "
+          f"{_BATCH_SIZE.value}, MLP {FEATURES}-in x {DEPTH} Dense; throughput and bytes "
+          f"of one fit (run) of {_MINIBATCHES.value} minibatches; all "
           "tasks on 127.0.0.1 (one machine, shared cores)")
     print(f"{'params':>10} {'N_m':>4} {'1-proc mb/s':>12} {'cluster mb/s':>13} "
           f"{'ratio':>6}  {'link':<14} {'MB/minibatch':>13} {'WSP min MB':>11} "

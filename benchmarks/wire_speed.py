@@ -15,7 +15,10 @@ Throughput is minibatches per second of one fit of N minibatches (one run: it in
 run's start and end, w_global seeded from the model and the last pull, as a user's epoch
 does), after a fit that builds and traces everything. Bytes are the TCP counters of every
 process's sockets (`ss -tinp`, iproute2) over that fit, per link (two tasks; both directions
-summed), per minibatch (the run's boundaries included, so at least the minimum). (A slope
+summed), per minibatch (the run's boundaries included, so at least the minimum). CPU ms
+is the CPU time (user + system, /proc) per minibatch of every process of the mode (the
+chief and the 3 servers; the one process): what the gRPC path costs in work, which on one
+machine competes with the compute for the same cores. (A slope
 over fits of N and 3N was tried: on the shared cores it came out negative now and then.)
 The minimum is what WSP needs:
 on a VW's link to the ps, one push and one pull of the VW's parameters per wave of N_m
@@ -93,6 +96,16 @@ def link_bytes(tasks: dict[int, str]) -> dict[tuple[str, str], int]:
     return links
 
 
+def cpu_seconds(pids) -> float:
+    """User + system CPU seconds used so far by the processes `pids` (/proc/<pid>/stat)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])   # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _model(keras, width: int, name: str):
     inp = keras.Input((FEATURES,))
     h = inp
@@ -146,13 +159,17 @@ def _measure(mode: str, cluster_json: str | None) -> list[dict]:
             coord = strategy.coordinator(model)
             taken0 = [len(a) for a in coord.assignment]
             b0 = link_bytes(tasks) if tasks else {}
+            pids = list(tasks) or [os.getpid()]
+            c0 = cpu_seconds(pids)
             t0 = time.perf_counter()
             model.fit(x, y, batch_size=bs, verbose=0)
             dt = time.perf_counter() - t0
+            cpu = cpu_seconds(pids) - c0
             b1 = link_bytes(tasks) if tasks else {}
             share = [(len(a) - t) / n for a, t in zip(coord.assignment, taken0)]
             links = {f"{k[0]}-{k[1]}": (b1[k] - b0.get(k, 0)) / n for k in b1}
             results.append({"params": model.count_params(), "n_m": n_m, "mb_per_s": n / dt,
+                            "cpu_ms": cpu / n * 1e3,
                             "links": links, "share": share,
                             "input_bytes": bs * (FEATURES * 4 + 8)})
             strategy.close()
@@ -202,12 +219,13 @@ def main(argv: list[str]) -> None:
           f"of one fit (run) of {_MINIBATCHES.value} minibatches; all "
           "tasks on 127.0.0.1 (one machine, shared cores)")
     print(f"{'params':>10} {'N_m':>4} {'1-proc mb/s':>12} {'cluster mb/s':>13} "
-          f"{'ratio':>6}  {'link':<14} {'MB/minibatch':>13} {'WSP min MB':>11} "
+          f"{'ratio':>6} {'1-proc CPU ms':>13} {'cluster CPU ms':>14}  {'link':<14} {'MB/minibatch':>13} {'WSP min MB':>11} "
           f"{'x min':>6}")
     for a, b in zip(local, remote):
         size = b["params"] * 4
         head = (f"{b['params']:>10,} {b['n_m']:>4} {a['mb_per_s']:>12.2f} "
-                f"{b['mb_per_s']:>13.2f} {b['mb_per_s'] / a['mb_per_s']:>6.2f}")
+                f"{b['mb_per_s']:>13.2f} {b['mb_per_s'] / a['mb_per_s']:>6.2f} "
+                f"{a['cpu_ms']:>13.1f} {b['cpu_ms']:>14.1f}")
         for link in sorted(b["links"]):
             got = b["links"][link]
             ends = link.split("-")

@@ -7,8 +7,8 @@ import re
 
 from tests.benchmarks.binaries import run_binary
 
-_ROW = re.compile(r"^\s*([\d,]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+(\S+)\s+"
-                  r"([\d.]+)\s+([\d.]+)\s+(\S+)$")
+_ROW = re.compile(r"^\s*([\d,]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                  r"([\d.]+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)$")
 _LINK = re.compile(r"^\s+(\S+-\S+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)$")
 
 
@@ -18,11 +18,12 @@ def test_table_and_bytes_against_the_wsp_minimum():
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("setting: 2 VWs x 1 stage") and "D=1" in lines[0], proc.stdout
-    assert "ratio" in lines[1] and "WSP min MB" in lines[1]
+    assert "ratio" in lines[1] and "WSP min MB" in lines[1] and "CPU ms" in lines[1]
     head = _ROW.match(lines[2])
     assert head, proc.stdout
     assert int(head.group(2)) == 2 and float(head.group(3)) > 0 and float(head.group(4)) > 0
-    links = {head.group(6): (float(head.group(7)), float(head.group(8)))}
+    assert float(head.group(6)) > 0 and float(head.group(7)) > 0   # CPU ms per minibatch
+    links = {head.group(8): (float(head.group(9)), float(head.group(10)))}
     for line in lines[3:]:
         m = _LINK.match(line)
         assert m, line

@@ -25,6 +25,10 @@ VW (`bound_holds`).
 Beyond the bound (issue 8, point 9): at every wave end a VW may also take whatever newer
 w_global the servers hold, without waiting (`fresh_pull_due`); and clocks continue across
 runs, a run start lifting every clock to the largest (`clocks_at_run_start`).
+
+Going on without a lost VW (issue 16, `on_fault="continue"`): a retired VW pushes nothing
+more, so the global clock is the minimum over the OTHER VWs' clocks (`global_clock`) and
+nobody waits for the lost one.
 """
 
 from __future__ import annotations
@@ -128,3 +132,18 @@ def clocks_at_run_start(clocks: Sequence[int]) -> tuple[int, ...]:
     """
     top = max(clocks)
     return (top,) * len(clocks)
+
+
+def global_clock(clocks: Sequence[int], retired: Sequence[int] = ()) -> int:
+    """The global clock: the fewest waves any VW still training pushed (the minimum over
+    the clocks of the VWs not `retired`; a retired VW was lost and will push no more, so
+    waiting for it would wait forever). Every VW's waves below it are in w_global."""
+    gone = set(retired)
+    if any(not 0 <= w < len(clocks) for w in gone):
+        raise ValueError(f"retired must index the clocks. Received: clocks={tuple(clocks)}, "
+                         f"retired={sorted(gone)}.")
+    live = [c for w, c in enumerate(clocks) if w not in gone]
+    if not live:
+        raise ValueError(f"At least one VW must still train. Received: clocks={tuple(clocks)}, "
+                         f"retired={sorted(gone)}; a job without a VW has no clock.")
+    return min(live)

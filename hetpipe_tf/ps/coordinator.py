@@ -25,12 +25,24 @@ run as `drain` does: the model then holds the last applied state. `on_run_start`
 `on_run_end` are called when a run opens / after it closed (the strategy moves the
 optimizers' state there, hetpipe_tf/strategy/training_state.py). `close` (or leaving
 `with coordinator:`) aborts and joins every thread.
+
+Going on without a lost VW (`on_fault="continue"`, docs/cluster_jobs.md): the fault guard
+calls `drop_lost(error)` when a worker task is lost. Its VWs are dropped: the servers
+retire them (the global clock a minimum over the others), their feeders take no more
+batches (a batch one was handed back goes to the others; the minibatches in their
+pipelines and their unpushed wave are lost), runs skip them (`start_run`, `drain`,
+`flush`, `abort`, `close`), `on_drop(vw)` leaves their optimizer state out of the merge and
+seed, and a warning names the task, its address, the VWs and stages dropped. An error of a
+VW whose task turns out lost is its consequence, not a failure of the job, and work on a
+dropped VW that hangs (a frozen task) is left behind on a daemon thread.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -38,10 +50,13 @@ import tensorflow as tf
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.pipeline.executor import Executor
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
+from hetpipe_tf.ps.faults import FaultPolicy, TaskLostError, remote_failure
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 
 _STOP = object()
+
+logger = logging.getLogger(__name__)
 
 
 class Coordinator(Executor):
@@ -55,13 +70,16 @@ class Coordinator(Executor):
       model_variables: the model's versioned variables, mirrored from w_global after runs.
       on_run_start, on_run_end: called when a run opens and after it closed.
       history: how many step numbers `assignment` keeps per VW.
+      guard: the `hetpipe_tf.ps.faults.FaultGuard` of a cluster job (None locally).
+      on_drop: called with a VW's index when it is dropped (module docstring).
     """
 
     def __init__(self, runtimes: Sequence[Any], syncs: Sequence[WaveSync],
                  servers: ParameterServers, model_variables: Sequence[Any],
                  on_run_start: Callable[[], None] | None = None,
                  on_run_end: Callable[[], None] | None = None,
-                 history: int = DEFAULT_HISTORY, guard=None):
+                 history: int = DEFAULT_HISTORY, guard=None,
+                 on_drop: Callable[[int], None] | None = None):
         if not (len(runtimes) == len(syncs) == servers.num_workers):
             raise ValueError(f"One runtime and one WaveSync per worker are needed. Received: "
                              f"{len(runtimes)} runtimes, {len(syncs)} syncs, "
@@ -81,11 +99,19 @@ class Coordinator(Executor):
         self._lock = threading.Condition()
         self._aborting = False
         self._generation = 0    # an abort starts a new one: batches of older ones are dropped
-        self._feeding = 0       # feeders handing a batch to their VW right now
+        self._feeding = [0] * len(self.runtimes)   # feeder w handing a batch to VW w now
         self._closed = False
         # Cluster jobs: a hetpipe_tf.ps.faults.FaultGuard runs the calls below so that a
         # lost task ends them within its bound (docs/cluster_jobs.md); None locally.
         self.guard = guard
+        self.dropped: dict[int, TaskLostError] = {}   # VW -> the loss that dropped it
+        self.dropped_at: dict[int, float] = {}   # VW -> time.monotonic() of the drop
+        self._on_drop = on_drop
+        self._continues = (guard is not None and guard.options.policy is FaultPolicy.CONTINUE
+                           and self._can_drop)
+        if self._continues:
+            guard.on_lost = self.drop_lost
+            servers.settle_pushes = True
         self._feeders = [threading.Thread(target=self._feed, args=(w,), daemon=True,
                                           name=f"hetpipe-feeder-{w}")
                          for w in range(len(self.runtimes))]
@@ -113,6 +139,90 @@ class Coordinator(Executor):
         done = [rt for rt in self.runtimes if rt.logs is not None]
         return max(done, key=lambda rt: rt.logs_time).logs if done else None
 
+    # Split batches (ps/split.py) cannot go on without a VW: its share has no taker.
+    _can_drop = True
+
+    @property
+    def live(self) -> list[int]:
+        """The VWs still training (not dropped)."""
+        return [w for w in range(len(self.runtimes)) if w not in self.dropped]
+
+    def drop_lost(self, error: TaskLostError) -> bool | str:
+        """The guard's `on_lost` under on_fault='continue': drop the VWs of a lost worker
+        task (module docstring). True when the job goes on; else why it cannot."""
+        if error.use.parameter_server:
+            return "w_global lives on the parameter servers"
+        with self._lock:
+            new = [w for w in error.virtual_workers if w not in self.dropped]
+            left = [w for w in self.live if w not in new]
+            if not left:
+                return "no virtual worker would be left"
+            for w in new:
+                self.dropped[w] = error
+                self.dropped_at[w] = time.monotonic()
+            self._lock.notify_all()
+        for w in new:
+            self.servers.retire(w)
+            if self._on_drop is not None:
+                self._on_drop(w)
+        if new:
+            stages = "; ".join(f"stage {s} of VW {vw} on {d}" for vw, s, d in error.stages)
+            logger.warning(
+                "hetpipe_tf: task %s at %s is lost: %s. on_fault='continue': dropped virtual "
+                "worker(s) %s (%s; their minibatches in flight and unpushed wave are lost); "
+                "training goes on with VW(s) %s, WSP clocks over them.", error.task,
+                error.address, error.seen, new, stages, left)
+        return True
+
+    def _on_vw(self, w: int, fn: Callable, *args) -> None:
+        """fn(*args), work on VW w: skipped once w is dropped; under on_fault='continue' left
+        behind (on a daemon thread) when w is dropped meanwhile, and its error ignored when
+        it comes from w's lost task."""
+        if w in self.dropped:
+            return None
+        if not self._continues:
+            return fn(*args)
+        box: dict = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except BaseException as e:  # noqa: BLE001 - judged below
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=run, daemon=True, name=f"hetpipe-vw{w}-call").start()
+        while not done.wait(0.05):
+            if w in self.dropped:
+                return None
+        if "error" in box and not self._lost_with(w, box["error"]):
+            raise box["error"]
+        return None
+
+    def _lost_with(self, w: int, e: BaseException) -> bool:
+        """Whether VW w's error `e` comes from a lost task that dropped w (probed now)."""
+        if w in self.dropped:
+            return True
+        if self._continues and remote_failure(e):
+            self.guard.confirm(self.guard.options.timeout_s)
+        return w in self.dropped
+
+    def _wait_taken(self) -> None:
+        """Until every queued batch was taken and handed on (`queue.join`), leaving out the
+        ones dropped VWs hold (stuck in their lost task)."""
+        if not self._continues:
+            return self._queue.join()
+        q = self._queue
+        while True:
+            with self._lock:
+                stuck = sum(self._feeding[w] for w in self.dropped)
+            with q.all_tasks_done:
+                if q.unfinished_tasks <= stuck:
+                    return
+                q.all_tasks_done.wait(0.05)
+
     # --- called by the strategy ----------------------------------------------------------
     def submit(self, inputs: list, y, sample_weight) -> None:
         if self.guard is not None and not self.guard.inside():
@@ -133,17 +243,17 @@ class Coordinator(Executor):
         if not self._run_open:
             self._raise_if_failed()
             return
-        self._queue.join()
+        self._wait_taken()
         self.servers.end_run()
-        for rt in self.runtimes:
-            rt.drain()
+        for w, rt in enumerate(self.runtimes):
+            self._on_vw(w, rt.drain)
         self._close_run()
         self._raise_if_failed()
 
     def _close_run(self) -> None:
         """Every VW is idle: push what each applied, mirror w_global into the model."""
-        for s in self.syncs:
-            s.flush()
+        for w, s in enumerate(self.syncs):
+            self._on_vw(w, s.flush)
         values, _ = self.servers.pull()
         for v, x in zip(self.model_variables, values):
             _keras_shim.variable_handle(v).assign(x)
@@ -168,10 +278,10 @@ class Coordinator(Executor):
                     break
             self.servers.end_run()  # no VW may keep waiting for a wave
             with self._lock:
-                while self._feeding:
+                while any(self._feeding[w] for w in self.live):
                     self._lock.wait(0.05)
-            for rt in self.runtimes:
-                rt.abort()
+            for w, rt in enumerate(self.runtimes):
+                self._on_vw(w, rt.abort)
             if self._run_open:
                 self._close_run()
         finally:
@@ -189,12 +299,16 @@ class Coordinator(Executor):
                 return self._abandon(close=True)
         self.abort()
         self._closed = True
-        for _ in self._feeders:
+        live = self.live
+        for _ in live:
             self._queue.put(_STOP)
-        for t in self._feeders:
-            t.join()
-        for rt in self.runtimes:
-            rt.close()
+        for w in live:
+            self._feeders[w].join()
+        for w, rt in enumerate(self.runtimes):
+            if w in self.dropped:   # may hang in its lost task: left behind
+                threading.Thread(target=rt.close, daemon=True).start()
+            else:
+                rt.close()
 
     def _abandon(self, close: bool = False) -> None:
         """A task is lost (the guard's fatal error): stop taking batches and leave the run
@@ -221,8 +335,8 @@ class Coordinator(Executor):
         for v in self.model_variables:
             values.append(tf.identity(_keras_shim.variable_handle(v)))
         self.servers.start_run(values)
-        for rt, s in zip(self.runtimes, self.syncs):
-            s.start_run(rt.submitted + 1)
+        for w, (rt, s) in enumerate(zip(self.runtimes, self.syncs)):
+            self._on_vw(w, s.start_run, rt.submitted + 1)
         self.run_starts.append(self._steps)
         self._run_open = True
 
@@ -242,12 +356,16 @@ class Coordinator(Executor):
         rt = self.runtimes[w]
         source = self._source(w)
         while True:
-            if self._error is None:
+            if self._error is None and w not in self.dropped:
                 try:
                     rt.wait_for_room()
                 except BaseException as e:  # noqa: BLE001 - re-raised by submit/drain
-                    self._fail(e)
+                    self._fail(e, w)
             item = source.get()
+            if w in self.dropped:   # hand the batch (or stop marker) to the others
+                source.put(item)
+                source.task_done()
+                return
             if item is _STOP:
                 source.task_done()
                 return
@@ -255,22 +373,24 @@ class Coordinator(Executor):
                 take = (self._error is None and not self._aborting
                         and item[0] == self._generation)
                 if take:
-                    self._feeding += 1
+                    self._feeding[w] += 1
             try:
                 if take:
                     _, step, inputs, y, sw, *scale = item   # scale: a split batch's share
                     self.assignment[w].append(step)
                     rt.submit(inputs, y, sw, *scale)
             except BaseException as e:  # noqa: BLE001 - re-raised by submit/drain
-                self._fail(e)
+                self._fail(e, w)
             finally:
                 if take:
                     with self._lock:
-                        self._feeding -= 1
+                        self._feeding[w] -= 1
                         self._lock.notify_all()
                 source.task_done()
 
-    def _fail(self, e: BaseException) -> None:
+    def _fail(self, e: BaseException, w: int | None = None) -> None:
+        if w is not None and self._lost_with(w, e):
+            return   # a consequence of VW w's lost task: the job goes on without it
         with self._lock:
             if self._error is None:
                 self._error = e

@@ -12,8 +12,9 @@ thread, whatever the chief's threads are doing (a push, a pull, a stage task, a 
 virtual workers (VWs) that ran on it (every VW for a parameter server: each pushes to
 and pulls from it). `FaultPolicy` says what the job does: STOP raises it from `fit`;
 CONTINUE drops the VWs that lost a task and goes on with the others
-(`hetpipe_tf.ps.coordinator.Coordinator.drop`), raising only when none is left or a
-parameter server is lost (w_global lives there).
+(`hetpipe_tf.ps.coordinator.Coordinator.drop_lost`), raising only when none is left or a
+parameter server is lost (w_global lives there); `FaultOptions.parse` still refuses it
+(TensorFlow's eager runtime keeps waiting for the lost task: docs/cluster_jobs.md).
 """
 
 from __future__ import annotations
@@ -59,12 +60,16 @@ class FaultOptions:
                              f"fault_timeout_s={timeout_s!r}; pass e.g. 30.0.")
         policy = FaultPolicy.parse(policy)
         if policy is FaultPolicy.CONTINUE:
-            # Needs clocks re-formed without the lost VW and its optimizer state left out
-            # of the merge (docs/cluster_jobs.md, "Left"): refused rather than half done.
-            raise ValueError("on_fault='continue' (going on without a lost virtual worker) "
-                             "is not implemented yet. Received: on_fault='continue'; use "
-                             "'stop' and restart from the last checkpoint "
-                             "(keras.callbacks.BackupAndRestore).")
+            # The chief's own pieces go on without a lost VW (the coordinator's drop, the
+            # servers' retire, the merge), but TensorFlow's eager runtime still waits for the
+            # lost task (docs/cluster_jobs.md, "Left"): refused rather than a fit that hangs.
+            raise ValueError(
+                "on_fault='continue' (going on without a lost virtual worker) is not "
+                "available yet: TensorFlow's eager runtime of the chief keeps waiting for a "
+                "lost task (Keras' epoch-end context.async_wait() syncs every remote task, "
+                "and remote ops queued behind the lost task's error block), so fit would "
+                "hang. Received: on_fault='continue'; use 'stop' and restart from the last "
+                "checkpoint (keras.callbacks.BackupAndRestore).")
         return cls(float(timeout_s), policy)
 
 
@@ -85,13 +90,15 @@ class TaskLostError(RuntimeError):
     """A worker or parameter-server task of the job died or stopped answering."""
 
     def __init__(self, task: str, address: str, health: Health, silent_s: float,
-                 use: TaskUse, num_virtual_workers: int):
+                 use: TaskUse, num_virtual_workers: int, reason: str | None = None):
         self.task, self.address, self.health, self.silent_s = task, address, health, silent_s
         self.use = use
         self.stages = use.stages
+        self.reason = reason or ("Received: on_fault='stop'; restart the job from the last "
+                                 "checkpoint (e.g. keras.callbacks.BackupAndRestore).")
         self.virtual_workers = (tuple(range(num_virtual_workers)) if use.parameter_server
                                 else use.virtual_workers)
-        seen = ("nothing listens at its address any more (the process is gone)"
+        self.seen = seen = ("nothing listens at its address any more (the process is gone)"
                 if health is Health.REFUSED
                 else f"it has not answered for {silent_s:.1f} s (frozen or cut off)")
         held = [f"stage {s} of VW {vw} on {d}" for vw, s, d in use.stages]
@@ -100,8 +107,7 @@ class TaskLostError(RuntimeError):
         super().__init__(
             f"Task {task} at {address} is lost: {seen}. It held: "
             f"{'; '.join(held) or 'nothing of this job'} (VWs {list(self.virtual_workers)}). "
-            "Received: on_fault='stop'; restart the job from the last checkpoint (e.g. "
-            "keras.callbacks.BackupAndRestore).")
+            + self.reason)
 
 
 def task_uses(plans: Sequence, ps_devices: Sequence[str]) -> dict[str, TaskUse]:
@@ -195,6 +201,11 @@ class FaultGuard:
     that a lost task explains (TensorFlow's UnavailableError from a dead task) is raised as
     the TaskLostError, the original as its cause. `lost(task, health, silent_s)` is the
     monitor's callback.
+
+    Under `FaultPolicy.CONTINUE`, `on_lost(error)` (the coordinator's `drop_lost`, which it
+    sets) decides: True, the job goes on without the task's VWs and no call fails; else
+    (a parameter server, the last VW, or no `on_lost`) the error is fatal as under STOP,
+    its message saying why the job could not go on (the string `on_lost` returned).
     """
 
     def __init__(self, options: FaultOptions, uses: Mapping[str, TaskUse],
@@ -206,21 +217,41 @@ class FaultGuard:
         self.num_virtual_workers = num_virtual_workers
         self.errors: list[TaskLostError] = []   # every task found lost, in order
         self.fatal: TaskLostError | None = None  # the one the job stops on
-        self._on_lost = on_lost
+        self.on_lost = on_lost
+        self._handled: set[str] = set()   # tasks already reported (monitor and confirm race)
         self._event = threading.Event()
         self._local = threading.local()
         self._lock = threading.Lock()
         self.monitor = TaskMonitor(self.addresses, options.timeout_s, self.lost)
 
     def lost(self, task: str, health: Health, silent_s: float) -> None:
-        error = TaskLostError(task, self.addresses[task], health, silent_s,
-                              self.uses.get(task, TaskUse()), self.num_virtual_workers)
+        with self._lock:
+            if task in self._handled:
+                return
+            self._handled.add(task)
+        use = self.uses.get(task, TaskUse())
+        args = (task, self.addresses[task], health, silent_s, use, self.num_virtual_workers)
+        cont = self.options.policy is FaultPolicy.CONTINUE
+        error = TaskLostError(*args, reason=(
+            "Received: on_fault='continue': the job goes on without its VWs." if cont
+            else None))
         with self._lock:
             self.errors.append(error)
-        keep_going = False
-        if self._on_lost is not None:
-            keep_going = bool(self._on_lost(error))
-        if not keep_going:
+        verdict = None
+        if cont and self.on_lost is not None and not use.parameter_server:
+            try:
+                verdict = self.on_lost(error)
+            except Exception as e:  # noqa: BLE001 - the job then stops with the named error
+                verdict = f"going on without its VWs failed ({type(e).__name__}: {e})"
+        if verdict is not True:
+            if cont:
+                why = (verdict if isinstance(verdict, str) else
+                       "w_global lives on the parameter servers" if use.parameter_server
+                       else "this executor cannot go on without a virtual worker")
+                error = TaskLostError(*args, reason=(
+                    f"Received: on_fault='continue', but the job cannot go on: {why}; "
+                    "restart it from the last checkpoint (e.g. "
+                    "keras.callbacks.BackupAndRestore)."))
             with self._lock:
                 if self.fatal is None:
                     self.fatal = error
@@ -268,7 +299,7 @@ class FaultGuard:
         error = box.get("error")
         if error is None:
             return box.get("value")
-        if self.fatal is None and _remote_failure(error):
+        if self.fatal is None and remote_failure(error):
             self.confirm(self.options.timeout_s)
         if self.fatal is not None and error is not self.fatal:
             raise self.fatal from error
@@ -287,7 +318,7 @@ class FaultGuard:
         self.monitor.close()
 
 
-def _remote_failure(error: BaseException) -> bool:
+def remote_failure(error: BaseException) -> bool:
     """An error TensorFlow may raise when a remote task is gone: any OpError (a dead task
     shows as UnavailableError, but also e.g. as InvalidArgumentError 'Primary device is
     not remote' from a function call); the probes then decide."""

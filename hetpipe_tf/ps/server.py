@@ -14,6 +14,15 @@ process owns these variables and drives every virtual worker, as ClusterCoordina
   worker are in it), read atomically with respect to pushes; `pull_if_newer(worker, held)`
   the same, but only when another worker pushed a wave that `held` lacks (never waits).
 
+`retire(worker)` (a VW lost under `on_fault="continue"`): the worker pushes nothing more
+(a push of it that arrives later is dropped) and the global clock becomes the minimum over
+the others (`wsp.global_clock`), so nobody waits for it. With `settle_pushes` (set when a
+job may go on without a worker) a push copies its deltas to the servers' devices and waits
+until they arrived BEFORE taking the servers' lock: a push from a dead or frozen worker
+then hangs in its own copy, not holding every other worker's push and pull (TensorFlow
+runs remote ops asynchronously: an `assign_add` of deltas still on their way would hang
+under the lock, and every read of the variables after it).
+
 Clocks continue across runs: `start_run` lifts every clock to the largest
 (`wsp.clocks_at_run_start`), it never resets them; see docs/wsp.md for runs.
 """
@@ -40,8 +49,9 @@ def read_values(variables: Sequence[tf.Variable]) -> list:
     return out
 
 
-def _spread(clocks: Sequence[int]) -> int:
-    return max(clocks) - min(clocks)
+def _spread(clocks: Sequence[int], retired: frozenset = frozenset()) -> int:
+    live = [c for w, c in enumerate(clocks) if w not in retired]
+    return max(live) - min(live)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +62,7 @@ class Push:
     wave: int
     clocks_after: tuple[int, ...]
     final: bool = False   # the unfinished wave pushed when the run ended
+    retired: frozenset = frozenset()   # workers retired when it was applied
 
 
 class ParameterServers:
@@ -75,6 +86,9 @@ class ParameterServers:
         self.num_workers = num_workers
         self._cond = threading.Condition()
         self._pushed = [0] * num_workers
+        self._retired: set[int] = set()
+        self.dropped_pushes = 0   # pushes of retired workers, not applied
+        self.settle_pushes = False   # module docstring
         self._released = False
         self.pushes = Window(history)   # the last `history` pushes, indexed absolutely
         self._run_first_push = 0   # index in `pushes` of the current run's first push
@@ -83,6 +97,7 @@ class ParameterServers:
         # w_global as it stood when the global clock (min over workers) last advanced.
         self._at_global: tuple[list, tuple[int, ...]] | None = None
         self._add = compiled_method(self._add_impl, reduce_retracing=True)
+        self._copy = compiled_method(self._copy_impl, reduce_retracing=True)
 
     # --- clocks -------------------------------------------------------------------------
     @property
@@ -93,17 +108,37 @@ class ParameterServers:
             return tuple(self._pushed)
 
     @property
+    def retired(self) -> frozenset:
+        """The workers retired (lost VWs): their clocks no longer count."""
+        with self._cond:
+            return frozenset(self._retired)
+
+    def _global(self) -> int:
+        return wsp.global_clock(self._pushed, self._retired)
+
+    def retire(self, worker: int) -> None:
+        """Go on without `worker` (module docstring); at least one worker must remain."""
+        with self._cond:
+            if not 0 <= worker < self.num_workers:
+                raise ValueError(f"worker must be in 0..{self.num_workers - 1}. Received: "
+                                 f"worker={worker!r}.")
+            wsp.global_clock(self._pushed, self._retired | {worker})   # one must remain
+            self._retired.add(worker)
+            self._cond.notify_all()   # a wait for the lost worker's wave is over
+
+    @property
     def max_clock_distance(self) -> int:
         """Largest spread of the clocks after a push in a run (final pushes excluded): at
         most D + 1 (a VW that pushed wave c and waits for wave c - D is one ahead of the
         paper's clock)."""
-        return max((_spread(p.clocks_after) for p in self.pushes if not p.final), default=0)
+        return max((_spread(p.clocks_after, p.retired) for p in self.pushes if not p.final),
+                   default=0)
 
     @property
     def run_max_clock_distance(self) -> int:
         """`max_clock_distance` within the current run."""
-        return max((_spread(p.clocks_after) for p in self.pushes[self._run_first_push:]
-                    if not p.final), default=0)
+        return max((_spread(p.clocks_after, p.retired)
+                    for p in self.pushes[self._run_first_push:] if not p.final), default=0)
 
     # --- runs ---------------------------------------------------------------------------
     def start_run(self, values: Sequence | None = None) -> None:
@@ -132,27 +167,51 @@ class ParameterServers:
             with tf.device(v.device):
                 v.assign_add(d)
 
+    def _copy_impl(self, deltas):
+        out = []
+        for v, d in zip(self.variables, deltas):
+            with tf.device(v.device):
+                out.append(tf.identity(d))
+        with tf.device(self.variables[0].device), tf.control_dependencies(out):
+            arrived = tf.identity(tf.constant(0))   # ready once every delta is there
+        return out, arrived
+
     def push(self, worker: int, wave: int, deltas: Sequence, final: bool = False) -> None:
         """w_global += deltas (the aggregated update of `worker`'s wave `wave`; `final`: the
-        unfinished wave at the end of a run, not counted in the clock distance)."""
+        unfinished wave at the end of a run, not counted in the clock distance). A retired
+        worker's push is dropped."""
+        deltas = list(deltas)
+        if self.settle_pushes:
+            if worker in self._retired:
+                return self._drop_push()
+            # Outside the lock: a lost worker's deltas never arrive (module docstring).
+            deltas, arrived = self._copy(deltas)
+            arrived.numpy()
         with self._cond:
+            if worker in self._retired:   # lost while its deltas were on their way
+                return self._drop_push()
             if wave != self._pushed[worker]:
                 raise RuntimeError(f"Worker {worker} pushed wave {wave} but its clock is "
                                    f"{self._pushed[worker]}: pushes must come in wave order.")
-            before = min(self._pushed)
-            self._add(list(deltas))
+            before = self._global()
+            self._add(deltas)
             self._pushed[worker] = wave + 1
-            if min(self._pushed) > before:   # copy-on-write: a copy only once written again
+            if self._global() > before:   # copy-on-write: a copy only once written again
                 self._at_global = (read_values(self.variables), tuple(self._pushed))
-            self.pushes.append(Push(worker, wave, tuple(self._pushed), final))
+            self.pushes.append(Push(worker, wave, tuple(self._pushed), final,
+                                    frozenset(self._retired)))
             self._cond.notify_all()
+
+    def _drop_push(self) -> None:
+        with self._cond:
+            self.dropped_pushes += 1
 
     def wait_for_wave(self, wave: int) -> bool:
         """Block until every worker pushed `wave`; False if the run ended first."""
         with self._cond:
-            while min(self._pushed) <= wave and not self._released:
+            while self._global() <= wave and not self._released:
                 self._cond.wait()
-            return min(self._pushed) > wave
+            return self._global() > wave
 
     def pull(self) -> tuple[list, tuple[int, ...]]:
         """(w_global as tensors on the servers' devices, clocks it reflects)."""
@@ -169,7 +228,8 @@ class ParameterServers:
         with self._cond:
             self.pull_count += 1
             snap = self._at_global
-            if snap is not None and min(snap[1]) > wave and snap[1][worker] == self._pushed[worker]:
+            if (snap is not None and wsp.global_clock(snap[1], self._retired) > wave
+                    and snap[1][worker] == self._pushed[worker]):
                 return list(snap[0]), snap[1]
             return read_values(self.variables), tuple(self._pushed)
 

@@ -73,6 +73,8 @@ class SplitCoordinator(Coordinator):
         D waves ahead of the slowest; the strategy gives (D + 1) x N_m).
     """
 
+    _can_drop = False   # a lost VW's share would have no taker: on_fault='continue' stops
+
     def __init__(self, runtimes: Sequence[Any], *args, shares: Shares, queue_size: int = 1,
                  **kwargs):
         if len(shares.sizes) != len(runtimes):

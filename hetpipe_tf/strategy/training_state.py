@@ -27,6 +27,10 @@ bias correction continues where one worker of the cluster would be). The model's
 optimizer keeps its slots on the host (the strategy's variable creator places them there
 whoever builds it: Keras at fit's symbolic build or `build_canonical`), so the stage devices
 hold one copy of the slots, not two.
+
+A VW dropped under `on_fault="continue"` (its task lost, hetpipe_tf/ps/coordinator.py;
+`drop`) is left out of both: its slots live on the lost task (reading them would fail or
+hang) and hold no update the servers kept.
 """
 
 from __future__ import annotations
@@ -116,6 +120,8 @@ class OptimizerStates:
         self._unnamed: list = []   # the optimizer's own state, named by a counter
         self._owner: dict[int, Any] = {}   # id(stage slot) -> the stage optimizer holding it
         self._start = 0                    # every stage optimizer's step count at the seed
+        self._vw_of: dict[int, int] = {}   # id(stage slot or optimizer) -> its VW
+        self.dropped: set[int] = set()     # VWs left out (their task was lost)
         for v in _slots(model.optimizer):
             if _keras_shim.is_auto_named(v):
                 self._unnamed.append(v)
@@ -127,6 +133,7 @@ class OptimizerStates:
         for the model's trainable variables `own[j]` (the same list with one VW)."""
         seen: dict[str, int] = {}
         out = []
+        vw = len({*self._vw_of.values()})   # VWs are added in order, one call each
         for variables, model_vars in zip(local, own):
             clone = _clone(self.model, variables, self.strategy)
             same = len(variables) == len(model_vars) and all(
@@ -167,9 +174,19 @@ class OptimizerStates:
                 self._owner[id(slot)] = clone
             if self._adjust is not None:
                 self._adjust(clone)
+            for slot in mine:
+                self._vw_of[id(slot)] = vw
+            self._vw_of[id(clone)] = vw
             out.append(clone)
         self.optimizers.extend(out)
         return out
+
+    def drop(self, vw: int) -> None:
+        """Leave VW `vw`'s optimizers out of every later merge and seed (module docstring)."""
+        self.dropped.add(vw)
+
+    def _live(self, obj) -> bool:
+        return self._vw_of.get(id(obj)) not in self.dropped
 
     def merge(self) -> None:
         """Several become one: each model optimizer slot := the mean of the stage slots that
@@ -179,7 +196,7 @@ class OptimizerStates:
         for slot, target in self.pairs:
             groups.setdefault(id(target), (target, []))[1].append(slot)
         for target, every in groups.values():
-            slots = [s for s in every if self._trained(s)]
+            slots = [s for s in every if self._live(s) and self._trained(s)]
             if not slots:
                 continue
             t = _keras_shim.variable_handle(target)
@@ -192,12 +209,15 @@ class OptimizerStates:
         """One becomes several: every stage slot := the model optimizer's, every stage step
         count := model.optimizer.iterations // number of VWs."""
         for slot, target in self.pairs:
+            if not self._live(slot):
+                continue
             s = _keras_shim.variable_handle(slot)
             with tf.device(s.device):
                 s.assign(tf.identity(_keras_shim.variable_handle(target)))
         start = int(self.model.optimizer.iterations.numpy()) // self.num_virtual_workers
         for o in self.optimizers:
-            _keras_shim.variable_handle(o.iterations).assign(start)
+            if self._live(o):
+                _keras_shim.variable_handle(o.iterations).assign(start)
         self._start = start
 
     def _trained(self, slot) -> bool:

@@ -152,6 +152,6 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
         return SplitCoordinator(runtimes, syncs, servers, variables, shares=split,
                                 queue_size=(clock_distance + 1) * n_m,
                                 on_run_start=states.seed, on_run_end=states.merge,
-                                guard=guard)
+                                guard=guard, on_drop=states.drop)
     return Coordinator(runtimes, syncs, servers, variables, on_run_start=states.seed,
-                       on_run_end=states.merge, guard=guard)
+                       on_run_end=states.merge, guard=guard, on_drop=states.drop)

@@ -78,3 +78,15 @@ def test_a_run_starts_with_every_clock_at_the_largest_and_the_bound_met(clocks, 
     assert all(s >= c for s, c in zip(start, clocks))   # clocks never go back
     # The run-start w_global holds every wave pushed: it meets the bound of every VW.
     assert all(wsp.bound_holds(start, c, d) for c in start)
+
+
+def test_global_clock_leaves_out_a_retired_worker():
+    assert wsp.global_clock((3, 1, 4)) == 1
+    assert wsp.global_clock((3, 1, 4), retired=(1,)) == 3   # nobody waits for the lost VW
+    assert wsp.global_clock((3, 1, 4), retired=(0, 1)) == 4
+    # A retired VW ahead of the others does not lift the clock either.
+    assert wsp.global_clock((2, 9), retired=(1,)) == 2
+    with pytest.raises(ValueError, match="At least one VW"):
+        wsp.global_clock((1, 2), retired=(0, 1))
+    with pytest.raises(ValueError, match="retired must index"):
+        wsp.global_clock((1, 2), retired=(2,))

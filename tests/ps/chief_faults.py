@@ -3,11 +3,14 @@ connecting to a cluster changes the process's TensorFlow context for good).
 
 argv[1]: JSON {"cluster": {...}, "victim_pid": int, "signal": "SIGKILL" | "SIGSTOP" |
 null, "on_fault": "stop" | "continue", "timeout_s": float, "at_batch": int,
-"epochs": int}. Runs as the chief task of TF_CONFIG (HetPipeStrategy connects it), trains
+"epochs": int, "checkpoint": path or absent}. Runs as the chief task of TF_CONFIG (HetPipeStrategy connects it), trains
 2 one-stage VWs (NP allocation, one per worker task, w_global on the ps task), sends the
 signal to the victim after `at_batch` batches, and prints one JSON line: what fit raised
 (type, message, task, address, VWs), the seconds from the signal to the error, the
-VWs' assignment, and the final loss.
+VWs' assignment, and the final loss. With on_fault="continue" also: the VWs dropped and
+when (seconds after the signal), the seconds to the first batch after the drop, each
+epoch's loss and a checksum of the model's weights at each epoch end, evaluate's loss, and
+(with "checkpoint") whether the ModelCheckpoint file loads with the final weights.
 """
 
 import json
@@ -40,18 +43,37 @@ def main() -> None:
                                   keras.layers.Dense(1)])
         model.compile(keras.optimizers.Adam(0.01), "mse")
     sent = {}
+    epoch_weights = []
 
     class Inject(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if batch == args["at_batch"] and not sent and args.get("signal"):
                 os.kill(args["victim_pid"], getattr(signal, args["signal"]))
                 sent["t"] = time.monotonic()
+            elif sent and "first_batch_after_drop" not in sent:
+                coord = strategy.coordinator(self.model)
+                if coord is not None and getattr(coord, "dropped_at", None):
+                    sent["first_batch_after_drop"] = time.monotonic()
+
+        def on_epoch_end(self, epoch, logs=None):
+            epoch_weights.append(float(sum(np.abs(w).sum() for w in model.get_weights())))
+
+    callbacks = [Inject()]
+    if args.get("checkpoint"):
+        callbacks.append(keras.callbacks.ModelCheckpoint(args["checkpoint"]))
 
     out = {"raised": None}
     try:
         history = model.fit(x, y, batch_size=8, epochs=args.get("epochs", 1), shuffle=False,
-                            verbose=0, callbacks=[Inject()])
+                            verbose=0, callbacks=callbacks)
         out["loss"] = history.history["loss"][-1]
+        out["losses"] = history.history["loss"]
+        out["epoch_weights"] = epoch_weights
+        out["evaluate"] = float(model.evaluate(x, y, batch_size=64, verbose=0))
+        if args.get("checkpoint"):
+            loaded = keras.models.load_model(args["checkpoint"])
+            out["checkpoint_matches"] = all(
+                np.allclose(a, b) for a, b in zip(loaded.get_weights(), model.get_weights()))
     except Exception as e:  # noqa: BLE001 - reported to the test
         out["raised"] = type(e).__name__
         out["message"] = str(e)
@@ -62,6 +84,10 @@ def main() -> None:
     if coord is not None:
         out["assignment"] = [list(a) for a in coord.assignment]
         out["dropped"] = sorted(getattr(coord, "dropped", ()))
+        if sent and getattr(coord, "dropped_at", None):
+            out["drop_s"] = min(coord.dropped_at.values()) - sent["t"]
+            if "first_batch_after_drop" in sent:
+                out["first_batch_s"] = sent["first_batch_after_drop"] - sent["t"]
     t0 = time.monotonic()
     strategy.close()
     out["close_s"] = time.monotonic() - t0

@@ -1,0 +1,283 @@
+"""Going on without a lost virtual worker (issue 16 point 3, on_fault="continue"): the
+pieces, in one process: the parameter servers retiring a worker, the coordinator dropping a
+VW (fake runtimes, one of which hangs as a frozen task's would), the fault guard's verdict,
+and the optimizer-state merge leaving a dropped VW out."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hetpipe_tf.cluster.probe import Health
+from hetpipe_tf.ps.coordinator import Coordinator
+from hetpipe_tf.ps.faults import (FaultGuard, FaultOptions, FaultPolicy, TaskLostError,
+                                  TaskUse)
+from hetpipe_tf.ps.server import ParameterServers
+from tests.ps.test_faults import _silent_listener
+
+CPU = "/device:CPU:0"
+CONTINUE = FaultOptions(3.0, FaultPolicy.CONTINUE)
+
+
+def _servers(workers=2, settle=False):
+    servers = ParameterServers([tf.zeros([3])], [CPU], workers)
+    servers.settle_pushes = settle
+    return servers
+
+
+@pytest.mark.parametrize("settle", [False, True])
+def test_retired_worker_is_not_waited_for_and_its_pushes_are_dropped(settle):
+    servers = _servers(3, settle)
+    servers.push(0, 0, [tf.ones([3])])
+    servers.push(2, 0, [tf.ones([3])])
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(servers.wait_for_wave(0)))
+    waiter.start()
+    time.sleep(0.2)
+    assert not done   # worker 1 has not pushed wave 0
+    servers.retire(1)
+    waiter.join(5)
+    assert done == [True]   # the global clock is over workers 0 and 2 now
+    servers.push(1, 0, [tf.fill([3], 100.0)])   # arrives after the loss: dropped
+    assert servers.dropped_pushes == 1 and servers.clocks == (1, 0, 1)
+    np.testing.assert_allclose(servers.pull()[0][0].numpy(), [2.0] * 3)
+    servers.push(0, 1, [tf.ones([3])])
+    servers.push(0, 2, [tf.ones([3])])
+    # The spread leaves the retired worker's clock out: 3 - 1, not 3 - 0.
+    assert servers.max_clock_distance == 2
+    with pytest.raises(ValueError, match="At least one VW"):
+        servers.retire(0) or servers.retire(2)
+    assert servers.retired == frozenset({1, 0})   # the refused one was not retired
+
+
+def test_pull_wave_snapshot_uses_the_clock_over_the_others():
+    servers = _servers(2)
+    servers.retire(1)
+    servers.push(0, 0, [tf.ones([3])])
+    values, clocks = servers.pull_wave(0, 0)
+    assert clocks == (1, 0)
+    np.testing.assert_allclose(values[0].numpy(), [1.0] * 3)
+
+
+class FakeRuntime:
+    """What the coordinator calls on a VW's pipeline runtime. `hang` makes every call
+    block (a frozen task); `fail` makes them raise (a dead one)."""
+
+    def __init__(self):
+        self.taken: list[int] = []
+        self.submitted = 0
+        self.logs, self.logs_time, self.thread_ids = None, 0.0, set()
+        self.hang = threading.Event()
+        self.never = threading.Event()
+        self.fail: BaseException | None = None
+
+    def _maybe(self):
+        if self.hang.is_set():
+            self.never.wait()
+        if self.fail is not None:
+            raise self.fail
+
+    def wait_for_room(self):
+        self._maybe()
+
+    def submit(self, inputs, y, sw, *scale):
+        self._maybe()
+        self.taken.append(int(inputs[0]))
+        self.submitted += 1
+
+    def drain(self):
+        self._maybe()
+
+    def abort(self):
+        self._maybe()
+
+    def close(self):
+        self._maybe()
+
+
+class FakeSync:
+    def __init__(self):
+        self.runs = self.flushes = 0
+
+    def start_run(self, first):
+        self.runs += 1
+
+    def flush(self):
+        self.flushes += 1
+
+
+class FakeGuard:
+    """The fault guard's surface the coordinator uses; calls run on the caller's thread."""
+
+    def __init__(self, options=CONTINUE):
+        self.options, self.fatal, self.on_lost = options, None, None
+        self.confirmed = 0
+
+    def inside(self):
+        return True
+
+    def confirm(self, timeout_s):
+        self.confirmed += 1
+        return None
+
+    def close(self):
+        pass
+
+
+def _lost(task="worker:1", vws=(1,), ps=False):
+    use = TaskUse(tuple((vw, 0, f"/job:worker/replica:0/task:{vw}/device:CPU:0")
+                        for vw in vws), parameter_server=ps)
+    return TaskLostError(task, "127.0.0.1:5555", Health.REFUSED, 0.0, use, 2)
+
+
+def _coordinator(guard, dropped_log):
+    runtimes = [FakeRuntime(), FakeRuntime()]
+    syncs = [FakeSync(), FakeSync()]
+    var = tf.Variable(tf.zeros([3]))
+    coord = Coordinator(runtimes, syncs, _servers(2), [var], guard=guard,
+                        on_drop=dropped_log.append)
+    return coord, runtimes, syncs
+
+
+def _feed(coord, steps):
+    for s in steps:
+        coord.submit([np.float32(s)], None, None)
+
+
+def test_coordinator_goes_on_without_a_dropped_vw(caplog):
+    guard = FakeGuard()
+    dropped = []
+    coord, rts, syncs = _coordinator(guard, dropped)
+    assert guard.on_lost == coord.drop_lost and coord.servers.settle_pushes
+    try:
+        _feed(coord, range(8))
+        coord.drain()
+        assert sorted(rts[0].taken + rts[1].taken) == list(range(8))
+        rts[1].hang.set()   # frozen: every later call on VW 1 blocks
+        with caplog.at_level(logging.WARNING, logger="hetpipe_tf.ps.coordinator"):
+            assert coord.drop_lost(_lost()) is True
+        text = caplog.text
+        assert "worker:1 at 127.0.0.1:5555" in text and "virtual worker(s) [1]" in text
+        assert "stage 0 of VW 1" in text and "goes on with VW(s) [0]" in text
+        assert dropped == [1] and coord.servers.retired == {1} and coord.live == [0]
+        before = list(rts[1].taken)
+        t0 = time.monotonic()
+        _feed(coord, range(8, 20))
+        coord.drain()   # skips VW 1 (its drain, flush and next start_run would hang)
+        assert time.monotonic() - t0 < 10
+        assert rts[1].taken == before
+        assert sorted(rts[0].taken + rts[1].taken) == list(range(20))   # nothing lost
+        assert syncs[1].flushes == 1 and syncs[0].flushes == 2
+        assert syncs[1].runs == 1 and syncs[0].runs == 2
+        assert coord.error is None
+        coord.abort()
+    finally:
+        rts[1].never.set()
+        coord.close()
+
+
+def test_a_dropped_vws_errors_are_not_the_jobs():
+    guard = FakeGuard()
+    coord, rts, _ = _coordinator(guard, [])
+    try:
+        _feed(coord, range(4))
+        coord.drain()
+        coord.drop_lost(_lost())
+        rts[1].fail = tf.errors.UnavailableError(None, None, "worker:1 is gone")
+        _feed(coord, range(4, 10))
+        coord.drain()
+        assert coord.error is None and len(rts[0].taken) + len(rts[1].taken) == 10
+        # A live VW's error is still the job's.
+        rts[0].fail = RuntimeError("boom")
+        with pytest.raises(RuntimeError, match="boom"):
+            _feed(coord, range(10, 14))
+            coord.drain()
+    finally:
+        rts[0].fail = rts[1].fail = None
+        coord.close()
+
+
+def test_a_lost_ps_or_the_last_vw_cannot_be_dropped():
+    coord, _, _ = _coordinator(FakeGuard(), [])
+    try:
+        assert "parameter servers" in coord.drop_lost(_lost("ps:0", (), ps=True))
+        assert "no virtual worker would be left" in coord.drop_lost(_lost(vws=(0, 1)))
+        assert coord.dropped == {} and coord.servers.retired == frozenset()
+    finally:
+        coord.close()
+
+
+def test_stop_policy_leaves_the_coordinator_as_it_was():
+    guard = FakeGuard(FaultOptions(3.0, FaultPolicy.STOP))
+    coord, _, _ = _coordinator(guard, [])
+    try:
+        assert guard.on_lost is None and not coord.servers.settle_pushes
+    finally:
+        coord.close()
+
+
+@pytest.mark.parametrize("verdict, fatal", [(True, False), ("why not", True),
+                                            (None, True)])
+def test_guard_under_continue_follows_the_verdict(verdict, fatal):
+    s, silent = _silent_listener()
+    uses = {"worker:1": TaskUse(((1, 0, "/job:worker/task:1"),)),
+            "ps:0": TaskUse((), parameter_server=True)}
+    guard = FaultGuard(FaultOptions(60.0, FaultPolicy.CONTINUE), uses,
+                       {"worker:1": silent, "ps:0": silent}, 2)
+    seen = []
+    guard.on_lost = lambda e: seen.append(e) or verdict
+    try:
+        guard.lost("worker:1", Health.REFUSED, 0.0)
+        guard.lost("worker:1", Health.REFUSED, 0.0)   # the monitor and a confirm: once
+        assert len(seen) == 1 and "on_fault='continue'" in str(seen[0])
+        if fatal:
+            assert guard.fatal is not None and "cannot go on" in str(guard.fatal)
+            if isinstance(verdict, str):
+                assert verdict in str(guard.fatal)
+        else:
+            assert guard.fatal is None and guard.call(lambda: 7) == 7
+            guard.lost("ps:0", Health.SILENT, 60.0)   # the ps: always fatal
+            with pytest.raises(TaskLostError, match="ps:0.*cannot go on"):
+                guard.call(lambda: 7)
+    finally:
+        guard.close()
+        s.close()
+
+
+def test_merge_and_seed_leave_a_dropped_vw_out():
+    from hetpipe_tf.strategy.training_state import OptimizerStates
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9), "mse")
+    model.optimizer.build(model.trainable_variables)
+    strategy = tf.distribute.get_strategy()
+    states = OptimizerStates(model, strategy, 2)
+    per_vw = []
+    for w in range(2):
+        local = [tf.Variable(v, trainable=False, name=f"vw{w}_{v.name}")
+                 for v in model.trainable_variables]
+        per_vw.append(states.for_virtual_worker([local], [model.trainable_variables])[0])
+    states.seed()
+    for w, opt in enumerate(per_vw):   # each VW "trained": its momenta = w + 1
+        for slot, _ in states.pairs:
+            if states._vw_of[id(slot)] == w:
+                slot.assign(tf.fill(slot.shape, float(w + 1)))
+        opt.iterations.assign_add(1)
+    states.drop(1)
+    states.merge()
+    momenta = [v for v in model.optimizer.variables if "momentum" in v.name]
+    assert momenta and all(np.allclose(v.numpy(), 1.0) for v in momenta)   # VW 0's only
+    for slot, _ in states.pairs:   # the dropped VW's slots are not even written
+        if states._vw_of[id(slot)] == 1:
+            slot.assign(tf.fill(slot.shape, 5.0))
+    states.seed()
+    for slot, _ in states.pairs:
+        want = 5.0 if states._vw_of[id(slot)] == 1 else 1.0
+        assert np.allclose(slot.numpy(), want)

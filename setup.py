@@ -75,6 +75,9 @@ setup(
         "bench": ["scikit-learn>=1.3,<2"],
         "test": [
             "pytest>=8,<10",
+            # The README's command runs the suite on 2 processes (-n 2 --dist loadscope:
+            # each test module stays whole in one process, as Bazel runs it).
+            "pytest-xdist>=3.5,<4",
             "hypothesis>=6.100,<7",
             # keras_hub's GPT2CausalLM as users bring it (tests/strategy/test_tied_weights.py);
             # it pulls tensorflow-text, which pulls the `tensorflow` wheel of the same

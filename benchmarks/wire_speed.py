@@ -160,16 +160,18 @@ def _measure(mode: str, cluster_json: str | None) -> list[dict]:
             taken0 = [len(a) for a in coord.assignment]
             b0 = link_bytes(tasks) if tasks else {}
             pids = list(tasks) or [os.getpid()]
-            c0 = cpu_seconds(pids)
+            c0 = [cpu_seconds([p]) for p in pids]
             t0 = time.perf_counter()
             model.fit(x, y, batch_size=bs, verbose=0)
             dt = time.perf_counter() - t0
-            cpu = cpu_seconds(pids) - c0
+            cpu = [cpu_seconds([p]) - c for p, c in zip(pids, c0)]
             b1 = link_bytes(tasks) if tasks else {}
             share = [(len(a) - t) / n for a, t in zip(coord.assignment, taken0)]
             links = {f"{k[0]}-{k[1]}": (b1[k] - b0.get(k, 0)) / n for k in b1}
             results.append({"params": model.count_params(), "n_m": n_m, "mb_per_s": n / dt,
-                            "cpu_ms": cpu / n * 1e3,
+                            "cpu_ms": sum(cpu) / n * 1e3,
+                            "cpu_by_task": {tasks.get(p, "process"): c / n * 1e3
+                                            for p, c in zip(pids, cpu)},
                             "links": links, "share": share,
                             "input_bytes": bs * (FEATURES * 4 + 8)})
             strategy.close()
@@ -239,6 +241,8 @@ def main(argv: list[str]) -> None:
             ratio = f"{got / minimum:>6.2f}" if minimum else f"{'-':>6}"
             print(f"{head}  {link:<14} {got / _MB:>13.3f} {minimum / _MB:>11.3f} {ratio}")
             head = " " * len(head)
+        print(" " * 16 + "cluster CPU ms by task: " + ", ".join(
+            f"{t} {ms:.1f}" for t, ms in sorted(b["cpu_by_task"].items())))
 
 
 if __name__ == "__main__":

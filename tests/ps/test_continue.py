@@ -281,3 +281,31 @@ def test_merge_and_seed_leave_a_dropped_vw_out():
     for slot, _ in states.pairs:
         want = 5.0 if states._vw_of[id(slot)] == 1 else 1.0
         assert np.allclose(slot.numpy(), want)
+
+
+@pytest.mark.slow
+def test_tensorflow_still_waits_for_a_lost_task_at_async_wait():
+    """Why on_fault='continue' is refused (docs/cluster_jobs.md): after a worker task dies,
+    ops on the ps and the other worker still run, but `context.async_wait()` (Keras'
+    epoch-end `tf_sync`) waits for the lost task forever. If this starts failing,
+    TensorFlow answers now and the refusal may be lifted."""
+    import json
+    import subprocess
+    import sys
+
+    from hetpipe_tf.cluster.probe import wait_until_reachable
+    from hetpipe_tf.cluster.serve import start_local_servers
+    from tests.benchmarks.binaries import ROOT
+
+    with start_local_servers({"worker": 2, "ps": 1}) as servers:
+        c = servers.cluster
+        wait_until_reachable({f"{j}:{i}": a for j in ("worker", "ps")
+                              for i, a in enumerate(c[j])}, timeout_s=120)
+        args = {"cluster": c, "victim_pid": servers.pids[1], "wait_s": 15.0}
+        proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_sync_after_loss",
+                               json.dumps(args)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["lost_worker_op"] != "ran" and out["ps"] == 2.0 and out["worker0"] == 1.0
+    assert out["async_wait_returned"] is False, out

@@ -406,3 +406,18 @@ def host_task() -> str:
     from tensorflow.python.eager import context
 
     return context.context().host_address_space()
+
+
+def own_executor() -> Any:
+    """A context manager: this thread's eager ops run in an executor of their own (sync).
+
+    After a remote task dies, TensorFlow's shared default executor keeps waiting for it
+    and every later remote op issued from it blocks; the same op in another executor
+    runs. TensorFlow's own ClusterCoordinator gives each worker thread one executor for
+    the same reason (`context.executor_scope(executor.new_executor(enable_async=False))`,
+    tensorflow/python/distribute/coordinator/cluster_coordinator.py). Public TF has no
+    per-thread executor, hence private `context` / `executor`.
+    """
+    from tensorflow.python.eager import context, executor
+
+    return context.executor_scope(executor.new_executor(enable_async=False))

@@ -162,6 +162,11 @@ def connect_chief(task: Task, timeout_s: float) -> None:
         from hetpipe_tf.cluster.reports import collect
 
         collect(task.cluster, timeout_s)
+    # Keras' epoch-end tf_sync() calls context.async_wait(), which syncs every remote task
+    # and never returns once one is lost. Our runtimes drain their own work explicitly
+    # before an epoch ends, so that sync is redundant: turn it into a no-op as TensorFlow's
+    # ParameterServerStrategyV2 does for its cluster (docs/cluster_jobs.md).
+    os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"
     if connected_to_cluster():
         return
     import tensorflow as tf

@@ -47,7 +47,7 @@ import tensorflow as tf
 
 from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.pipeline import tied, transport
-from hetpipe_tf.pipeline.executor import STOP, ThreadedExecutor
+from hetpipe_tf.pipeline.executor import STOP, ThreadedExecutor, thread_scope
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
@@ -229,11 +229,12 @@ class PipelineRuntime(ThreadedExecutor):
     # --- stage threads ------------------------------------------------------------------
     def _worker(self, j: int) -> None:
         q = self._queues[j]
-        while True:
-            item = q.get()
-            if item is STOP:
-                return
-            self._execute(j, item)
+        with thread_scope():
+            while True:
+                item = q.get()
+                if item is STOP:
+                    return
+                self._execute(j, item)
 
     def _execute(self, j: int, item) -> None:
         """Run one task of stage j (counted in `_outstanding` by whoever queued it)."""
@@ -328,6 +329,10 @@ class PipelineRuntime(ThreadedExecutor):
         self.logs_time = time.perf_counter()
 
     def _updater(self) -> None:
+        with thread_scope():
+            self._update_loop()
+
+    def _update_loop(self) -> None:
         while True:
             mb = self._updates.get()
             if mb is STOP:

@@ -48,7 +48,7 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
-from hetpipe_tf.pipeline.executor import Executor
+from hetpipe_tf.pipeline.executor import Executor, thread_scope
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 from hetpipe_tf.ps.faults import FaultPolicy, TaskLostError, remote_failure
 from hetpipe_tf.ps.server import ParameterServers
@@ -187,7 +187,8 @@ class Coordinator(Executor):
 
         def run() -> None:
             try:
-                fn(*args)
+                with _keras_shim.own_executor():   # a lost task blocks this thread only
+                    fn(*args)
             except BaseException as e:  # noqa: BLE001 - judged below
                 box["error"] = e
             finally:
@@ -353,6 +354,10 @@ class Coordinator(Executor):
         return self._queue
 
     def _feed(self, w: int) -> None:
+        with thread_scope():   # its own eager executor in a cluster job (pipeline/executor.py)
+            self._feed_loop(w)
+
+    def _feed_loop(self, w: int) -> None:
         rt = self.runtimes[w]
         source = self._source(w)
         while True:

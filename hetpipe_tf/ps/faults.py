@@ -13,8 +13,9 @@ virtual workers (VWs) that ran on it (every VW for a parameter server: each push
 and pulls from it). `FaultPolicy` says what the job does: STOP raises it from `fit`;
 CONTINUE drops the VWs that lost a task and goes on with the others
 (`hetpipe_tf.ps.coordinator.Coordinator.drop_lost`), raising only when none is left or a
-parameter server is lost (w_global lives there); `FaultOptions.parse` still refuses it
-(TensorFlow's eager runtime keeps waiting for the lost task: docs/cluster_jobs.md).
+parameter server is lost (w_global lives there). Every thread that works for a VW runs its
+eager ops in an executor of its own, so a lost task blocks only its VWs' threads
+(docs/cluster_jobs.md, "Going on without a lost VW").
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
 import threading
 import time
 from typing import Callable, Mapping, Sequence
@@ -59,17 +61,6 @@ class FaultOptions:
             raise ValueError(f"fault_timeout_s must be a number of seconds > 0. Received: "
                              f"fault_timeout_s={timeout_s!r}; pass e.g. 30.0.")
         policy = FaultPolicy.parse(policy)
-        if policy is FaultPolicy.CONTINUE:
-            # The chief's own pieces go on without a lost VW (the coordinator's drop, the
-            # servers' retire, the merge), but TensorFlow's eager runtime still waits for the
-            # lost task (docs/cluster_jobs.md, "Left"): refused rather than a fit that hangs.
-            raise ValueError(
-                "on_fault='continue' (going on without a lost virtual worker) is not "
-                "available yet: TensorFlow's eager runtime of the chief keeps waiting for a "
-                "lost task (Keras' epoch-end context.async_wait() syncs every remote task, "
-                "and remote ops queued behind the lost task's error block), so fit would "
-                "hang. Received: on_fault='continue'; use 'stop' and restart from the last "
-                "checkpoint (keras.callbacks.BackupAndRestore).")
         return cls(float(timeout_s), policy)
 
 
@@ -286,7 +277,15 @@ class FaultGuard:
         def run() -> None:
             self._local.inside = True
             try:
-                box["value"] = fn(*args)
+                if self.options.policy is FaultPolicy.CONTINUE:
+                    # The job outlives a lost task: its failed ops must not block the
+                    # chief's later calls in a shared executor (_keras_shim.own_executor).
+                    from hetpipe_tf import _keras_shim
+
+                    with _keras_shim.own_executor():
+                        box["value"] = fn(*args)
+                else:
+                    box["value"] = fn(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 box["error"] = e
             finally:
@@ -340,4 +339,8 @@ def fault_guard(options: FaultOptions | None, plans: Sequence, ps_devices: Seque
     uses = {t: u for t, u in uses.items() if t in addresses}
     if not uses:
         return None
+    # Remote tasks: Keras' epoch-end async_wait() would wait for a lost one forever; our
+    # executors drain explicitly, so it is made a no-op as ParameterServerStrategyV2 does
+    # (also set by hetpipe_tf.cluster.roles.connect_chief; docs/cluster_jobs.md).
+    os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"
     return FaultGuard(options, uses, addresses, len(plans), on_lost)

@@ -35,8 +35,7 @@ def _silent_listener():
 
 def test_options_and_policy_are_checked():
     assert FaultOptions.parse(5, "stop") == FaultOptions(5.0, FaultPolicy.STOP)
-    with pytest.raises(ValueError, match="not available yet.*async_wait"):
-        FaultOptions.parse(5, "continue")
+    assert FaultOptions.parse(5, "continue") == FaultOptions(5.0, FaultPolicy.CONTINUE)
     assert FaultPolicy.parse(FaultPolicy.STOP) is FaultPolicy.STOP
     with pytest.raises(ValueError, match="Received: on_fault='ignore'"):
         FaultPolicy.parse("ignore")
@@ -122,13 +121,17 @@ def test_unreachable_task_fails_the_strategy_before_training(monkeypatch):
 
 
 def _chief(cluster, victim_pid, sig, timeout_s=3.0, on_fault="stop", at_batch=8,
-           epochs=1):
+           epochs=1, checkpoint=None):
     args = {"cluster": cluster, "victim_pid": victim_pid, "signal": sig, "on_fault": on_fault,
             "timeout_s": timeout_s, "at_batch": at_batch, "epochs": epochs, "samples": 512}
+    if checkpoint:
+        args["checkpoint"] = str(checkpoint)
     proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_faults", json.dumps(args)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["stderr"] = proc.stderr   # warnings (logging) go there
+    return out
 
 
 VICTIMS = {"worker:1": 1, "ps:0": 2}   # index in LocalServers.pids (worker 0, 1, ps 0)

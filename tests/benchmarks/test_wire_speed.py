@@ -24,7 +24,13 @@ def test_table_and_bytes_against_the_wsp_minimum():
     assert int(head.group(2)) == 2 and float(head.group(3)) > 0 and float(head.group(4)) > 0
     assert float(head.group(6)) > 0 and float(head.group(7)) > 0   # CPU ms per minibatch
     links = {head.group(8): (float(head.group(9)), float(head.group(10)))}
+    by_task = [line for line in lines[3:] if "cluster CPU ms by task:" in line]
+    assert len(by_task) == 1, proc.stdout
+    for task in ("chief", "ps0", "worker0", "worker1"):
+        assert re.search(rf"\b{task} [\d.]+", by_task[0]), by_task[0]
     for line in lines[3:]:
+        if line in by_task:
+            continue
         m = _LINK.match(line)
         assert m, line
         links[m.group(1)] = (float(m.group(2)), float(m.group(3)))

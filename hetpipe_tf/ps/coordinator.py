@@ -112,6 +112,14 @@ class Coordinator(Executor):
         if self._continues:
             guard.on_lost = self.drop_lost
             servers.settle_pushes = True
+            locks = {id(getattr(rt, "_metrics_lock", None)) for rt in self.runtimes}
+            if len(locks) == 1 and len(self.runtimes) > 1:
+                # The VWs' shared metrics lock, held by a stage thread across remote ops
+                # (its metrics update, its logs read): one that can be let go of for a
+                # dropped VW stuck in its frozen task (SIGSTOP), else the others wait forever.
+                self._metrics_lock = DroppableLock()
+                for rt in self.runtimes:
+                    rt._metrics_lock = self._metrics_lock
         self._feeders = [threading.Thread(target=self._feed, args=(w,), daemon=True,
                                           name=f"hetpipe-feeder-{w}")
                          for w in range(len(self.runtimes))]
@@ -161,6 +169,8 @@ class Coordinator(Executor):
                 self.dropped[w] = error
                 self.dropped_at[w] = time.monotonic()
             self._lock.notify_all()
+        if new and hasattr(self, "_metrics_lock"):
+            self._metrics_lock.drop(set().union(*(self.runtimes[w].thread_ids for w in new)))
         for w in new:
             self.servers.retire(w)
             if self._on_drop is not None:
@@ -401,3 +411,34 @@ class Coordinator(Executor):
                 self._error = e
         # The failed VW will push no more waves: nobody may keep waiting for them.
         self.servers.end_run()
+
+
+class DroppableLock:
+    """A mutex whose holder can be let go of: `drop(idents)` frees it if one of those threads
+    holds it and keeps them from taking it again (a dropped VW's stage thread stuck in a
+    remote op of its frozen task; it stays behind, the other VWs go on)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._owner: int | None = None
+        self._dropped: set[int] = set()
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            while self._owner is not None or me in self._dropped:
+                self._cond.wait()
+            self._owner = me
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            if self._owner == threading.get_ident():   # not let go of meanwhile
+                self._owner = None
+                self._cond.notify_all()
+
+    def drop(self, idents: set) -> None:
+        with self._cond:
+            self._dropped |= set(idents)
+            if self._owner in self._dropped:
+                self._owner = None
+                self._cond.notify_all()

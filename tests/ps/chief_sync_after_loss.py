@@ -1,12 +1,13 @@
-"""The chief of tests/ps/test_continue.py's check of TensorFlow's blocker for
-on_fault="continue" (a subprocess: connecting to a cluster changes the process's
-TensorFlow context for good).
+"""The chief of tests/ps/test_continue.py's check of why cluster jobs set
+TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY (a subprocess: connecting to a cluster changes the
+process's TensorFlow context for good).
 
 argv[1]: JSON {"cluster": {...}, "victim_pid": int, "wait_s": float}. Connects as the chief,
 puts a variable on the ps and one on each worker, SIGKILLs the victim (worker:1), checks
 that ops on the ps and worker:0 still run, then calls `context.async_wait()` (what Keras'
-`tf_sync` does at every epoch end) on a thread and prints one JSON line: whether the ps and
-worker:0 answered, and whether async_wait returned within `wait_s`.
+`tf_sync` does at every epoch end) on a thread, without and then with
+TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY=True, and prints one JSON line: whether the ps and
+worker:0 answered, and whether each async_wait returned within `wait_s`.
 """
 
 import json
@@ -44,17 +45,24 @@ def main() -> None:
     variables["ps:0"].assign_add(tf.ones([4]))
     out["ps"] = float(variables["ps:0"].numpy()[0])
     out["worker0"] = float(variables["worker:0"].numpy()[0])
-    done = threading.Event()
+    def returns(wait_s: float) -> bool:
+        done = threading.Event()
 
-    def sync() -> None:
-        try:
-            context.async_wait()
-        except Exception:  # noqa: BLE001 - an error is an answer too
-            pass
-        done.set()
+        def sync() -> None:
+            try:
+                context.async_wait()
+            except Exception:  # noqa: BLE001 - an error is an answer too
+                pass
+            done.set()
 
-    threading.Thread(target=sync, daemon=True).start()
-    out["async_wait_returned"] = done.wait(args["wait_s"])
+        threading.Thread(target=sync, daemon=True).start()
+        return done.wait(wait_s)
+
+    os.environ.pop("TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY", None)
+    out["async_wait_returned"] = returns(args["wait_s"])
+    # What hetpipe_tf sets for cluster jobs (as ParameterServerStrategyV2 does).
+    os.environ["TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY"] = "True"
+    out["async_wait_returned_with_env"] = returns(args["wait_s"])
     print(json.dumps(out), flush=True)
     os._exit(0)   # the sync thread may never return
 

@@ -284,12 +284,44 @@ def test_merge_and_seed_leave_a_dropped_vw_out():
         assert np.allclose(slot.numpy(), want)
 
 
+def test_droppable_lock_lets_go_of_a_dropped_holder():
+    """A dropped VW's stage thread stuck (frozen task) while holding the VWs' shared metrics
+    lock: `drop` frees it for the others and keeps the dropped thread out afterwards."""
+    from hetpipe_tf.ps.coordinator import DroppableLock
+
+    lock, held, release = DroppableLock(), threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        with lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=stuck, daemon=True)
+    t.start()
+    held.wait(5)
+    got = threading.Event()
+
+    def other() -> None:
+        with lock:
+            got.set()
+
+    threading.Thread(target=other, daemon=True).start()
+    assert not got.wait(0.2)            # a plain mutex so far
+    lock.drop({t.ident})
+    assert got.wait(5)
+    release.set()
+    t.join(5)                           # its exit does not release another holder's lock
+    with lock:
+        pass
+
+
 @pytest.mark.slow
-def test_tensorflow_still_waits_for_a_lost_task_at_async_wait():
-    """Why on_fault='continue' is refused (docs/cluster_jobs.md): after a worker task dies,
-    ops on the ps and the other worker still run, but `context.async_wait()` (Keras'
-    epoch-end `tf_sync`) waits for the lost task forever. If this starts failing,
-    TensorFlow answers now and the refusal may be lifted."""
+def test_async_wait_waits_for_a_lost_task_unless_disabled_as_cluster_jobs_do():
+    """Why cluster jobs set TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY (docs/cluster_jobs.md):
+    after a worker task dies, ops on the ps and the other worker still run, but
+    `context.async_wait()` (Keras' epoch-end `tf_sync`) waits for the lost task forever;
+    with the variable set (as ParameterServerStrategyV2 does) it returns at once. If the
+    first check starts failing, TensorFlow answers now and the variable is not needed."""
     import json
     import subprocess
     import sys
@@ -302,7 +334,7 @@ def test_tensorflow_still_waits_for_a_lost_task_at_async_wait():
         c = servers.cluster
         wait_until_reachable({f"{j}:{i}": a for j in ("worker", "ps")
                               for i, a in enumerate(c[j])}, timeout_s=120)
-        args = {"cluster": c, "victim_pid": servers.pids[1], "wait_s": 15.0}
+        args = {"cluster": c, "victim_pid": servers.pids[1], "wait_s": 8.0}
         proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_sync_after_loss",
                                json.dumps(args)], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
@@ -310,9 +342,10 @@ def test_tensorflow_still_waits_for_a_lost_task_at_async_wait():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["lost_worker_op"] != "ran" and out["ps"] == 2.0 and out["worker0"] == 1.0
     assert out["async_wait_returned"] is False, out
+    assert out["async_wait_returned_with_env"] is True, out
 
 
-# End to end (about 30 s: 4 TensorFlow processes on 2 cores). Real tf.distribute.Server
+# End to end (about 20 s: 4 TensorFlow processes on 2 cores). Real tf.distribute.Server
 # processes (2 workers + 1 ps), 2 one-stage VWs, worker:1 (VW 1) killed after 8 batches of
 # the first of 2 epochs; start_local_servers stops them by pid, also on failure.
 @pytest.mark.parametrize("sig", ["SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.slow)])

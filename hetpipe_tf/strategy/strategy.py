@@ -89,9 +89,9 @@ class HetPipeStrategy(tf.distribute.Strategy):
         `hetpipe_tf.ps.faults.TaskLostError` (task, address, stages, VWs); at start, a
         task that does not answer within it is named in a `TaskUnreachableError`.
       on_fault: `FaultPolicy.STOP` (or "stop"): fit raises the TaskLostError (resume from
-        a checkpoint). `FaultPolicy.CONTINUE` (going on without the lost VWs) is refused:
-        its pieces are built, but TensorFlow's eager runtime of the chief still waits for
-        a lost task (docs/cluster_jobs.md, "Going on without a lost VW").
+        a checkpoint). `FaultPolicy.CONTINUE` ("continue"): with several VWs, fit goes on
+        without the VWs of a lost worker task (a warning names them; a lost ps or the last
+        VW still raises), docs/cluster_jobs.md "Going on without a lost VW".
     """
 
     @sync_schedules.arguments_checked_first

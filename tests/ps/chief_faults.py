@@ -13,6 +13,7 @@ epoch's loss and a checksum of the model's weights at each epoch end, evaluate's
 (with "checkpoint") whether the ModelCheckpoint file loads with the final weights.
 """
 
+import faulthandler
 import json
 import os
 import signal
@@ -26,6 +27,9 @@ import numpy as np  # noqa: E402
 
 
 def main() -> None:
+    # A hang prints every thread's stack to stderr and exits, well before the test's own
+    # 300 s limit, so the test fails with the stacks instead of a bare timeout.
+    faulthandler.dump_traceback_later(150, exit=True)
     args = json.loads(sys.argv[1])
     os.environ["TF_CONFIG"] = json.dumps({"cluster": args["cluster"],
                                           "task": {"type": "chief", "index": 0}})

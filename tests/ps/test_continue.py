@@ -20,7 +20,7 @@ from hetpipe_tf.ps.coordinator import Coordinator
 from hetpipe_tf.ps.faults import (FaultGuard, FaultOptions, FaultPolicy, TaskLostError,
                                   TaskUse)
 from hetpipe_tf.ps.server import ParameterServers
-from tests.ps.test_faults import _silent_listener
+from tests.ps.fault_chiefs import silent_listener as _silent_listener
 
 CPU = "/device:CPU:0"
 CONTINUE = FaultOptions(3.0, FaultPolicy.CONTINUE)
@@ -361,7 +361,7 @@ _FROZEN_HANG = pytest.mark.xfail(
                                                          marks=[pytest.mark.slow, _FROZEN_HANG])])
 def test_fit_goes_on_without_a_lost_vw(sig, tmp_path):
     from hetpipe_tf.cluster.serve import start_local_servers
-    from tests.ps.test_faults import _chief
+    from tests.ps.fault_chiefs import run_chief as _chief
 
     with start_local_servers({"worker": 2, "ps": 1}) as servers:
         out = _chief(servers.cluster, servers.pids[1], sig, timeout_s=3.0,

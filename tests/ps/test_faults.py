@@ -4,9 +4,6 @@ the named error, and real `tf.distribute.Server` processes (2 workers + 1 ps on
 also on failure."""
 
 import json
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -21,16 +18,8 @@ from hetpipe_tf.ps.faults import (
     TaskUse,
     task_uses,
 )
-from tests.benchmarks.binaries import ROOT
-
-
-def _silent_listener():
-    """A socket that accepts TCP connections (the kernel does) but never answers: what a
-    frozen process looks like from outside."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(16)
-    return s, f"127.0.0.1:{s.getsockname()[1]}"
+from tests.ps.fault_chiefs import run_chief as _chief
+from tests.ps.fault_chiefs import silent_listener as _silent_listener
 
 
 def test_options_and_policy_are_checked():
@@ -118,20 +107,6 @@ def test_unreachable_task_fails_the_strategy_before_training(monkeypatch):
         {"cluster": cluster, "task": {"type": "chief", "index": 0}}))
     with pytest.raises(TaskUnreachableError, match=f"127.0.0.1:{ports[1]}"):
         hp.HetPipeStrategy(allocation="NP", fault_timeout_s=1.0)
-
-
-def _chief(cluster, victim_pid, sig, timeout_s=3.0, on_fault="stop", at_batch=8,
-           epochs=1, checkpoint=None):
-    args = {"cluster": cluster, "victim_pid": victim_pid, "signal": sig, "on_fault": on_fault,
-            "timeout_s": timeout_s, "at_batch": at_batch, "epochs": epochs, "samples": 512}
-    if checkpoint:
-        args["checkpoint"] = str(checkpoint)
-    proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_faults", json.dumps(args)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["stderr"] = proc.stderr   # warnings (logging) go there
-    return out
 
 
 VICTIMS = {"worker:1": 1, "ps:0": 2}   # index in LocalServers.pids (worker 0, 1, ps 0)

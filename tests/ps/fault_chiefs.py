@@ -1,0 +1,34 @@
+"""Shared by tests/ps/test_faults.py and test_continue.py (a module of its own so that
+Bazel's py_test of each file finds it in the folder's `helpers` library): a listener that
+never answers, and the chief of a cluster fit (tests/ps/chief_faults.py) run as a
+subprocess."""
+
+import json
+import socket
+import subprocess
+import sys
+
+from tests.benchmarks.binaries import ROOT
+
+
+def silent_listener():
+    """A socket that accepts TCP connections (the kernel does) but never answers: what a
+    frozen process looks like from outside."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    return s, f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def run_chief(cluster, victim_pid, sig, timeout_s=3.0, on_fault="stop", at_batch=8,
+              epochs=1, checkpoint=None):
+    args = {"cluster": cluster, "victim_pid": victim_pid, "signal": sig, "on_fault": on_fault,
+            "timeout_s": timeout_s, "at_batch": at_batch, "epochs": epochs, "samples": 512}
+    if checkpoint:
+        args["checkpoint"] = str(checkpoint)
+    proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_faults", json.dumps(args)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["stderr"] = proc.stderr   # warnings (logging) go there
+    return out

@@ -30,7 +30,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--clock_distance", type=int, default=0)
     p.add_argument("--fault_timeout_s", type=float, default=30.0)
-    p.add_argument("--on_fault", default="stop", help="what a lost task does: stop")
+    p.add_argument("--on_fault", default="stop", choices=("stop", "continue"),
+                   help="what a lost worker does: stop the job (TaskLostError) or continue "
+                        "without its virtual workers")
     p.add_argument("--backup_dir", default=None)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()

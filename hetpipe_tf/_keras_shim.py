@@ -18,6 +18,7 @@ training step needs from Keras' own `Functional.call` and `Trainer.train_step`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from typing import Any
@@ -420,4 +421,20 @@ def own_executor() -> Any:
     """
     from tensorflow.python.eager import context, executor
 
-    return context.executor_scope(executor.new_executor(enable_async=False))
+    own = executor.new_executor(enable_async=False)
+    return _cleared_on_exit(own, context.executor_scope(own))
+
+
+@contextlib.contextmanager
+def _cleared_on_exit(own: Any, scope: Any) -> Any:
+    # A thread that served a lost task leaves its executor holding that task's error;
+    # the executor's `__del__` waits on it and prints "Exception ignored ...
+    # UnavailableError" at exit. The thread has already raised or dropped that error.
+    with scope:
+        try:
+            yield own
+        finally:
+            try:
+                own.wait()
+            except tf.errors.OpError:
+                own.clear_error()

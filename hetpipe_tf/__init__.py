@@ -26,6 +26,9 @@ _PUBLIC = {
     "HetPipeStrategy": "hetpipe_tf.strategy",
     "Schedule": "hetpipe_tf.core.sync_schedule",
     "Compensation": "hetpipe_tf.pipeline.compensation",
+    "DataParallel": "hetpipe_tf.strategy.hetseq",
+    "FaultPolicy": "hetpipe_tf.ps.faults",
+    "TaskLostError": "hetpipe_tf.ps.faults",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

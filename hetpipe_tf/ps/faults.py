@@ -317,6 +317,30 @@ class FaultGuard:
         self.monitor.close()
 
 
+def shapes_first(fn: Callable) -> Callable:
+    """`fn(*args)` once every eager tensor among `args` has its shape: for a `tf.function`
+    several VW threads share (the model's metrics update, strategy/build.py).
+
+    `tf.function` looks a call's trace up by the arguments' shapes while holding the
+    function's own lock, and an eager tensor's shape is known only when the op that makes
+    it has run: one from a remote op of a frozen task (SIGSTOP) never gets it. The VW
+    thread calling with such a tensor then waited forever INSIDE the lock, and every other
+    VW's call of the function waited behind it (the chief hung although the frozen VW was
+    dropped; docs/cluster_jobs.md). Asked here first, the wait blocks only that thread,
+    holding nothing the others need. Free otherwise: tf.function asks the same next."""
+
+    def call(*args):
+        import tensorflow as tf
+
+        if tf.executing_eagerly():
+            for t in tf.nest.flatten(args):
+                if isinstance(t, tf.Tensor):
+                    _ = t.shape   # blocks until the producing op ran (or raises its error)
+        return fn(*args)
+
+    return call
+
+
 def remote_failure(error: BaseException) -> bool:
     """An error TensorFlow may raise when a remote task is gone: any OpError (a dead task
     shows as UnavailableError, but also e.g. as InvalidArgumentError 'Primary device is

@@ -29,6 +29,7 @@ from hetpipe_tf.pipeline.program import Program
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
+from hetpipe_tf.ps.faults import shapes_first
 from hetpipe_tf.strategy import schedules as sync_schedules
 from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.hetseq import (build_hetseq, split_shares, splits_batches,
@@ -170,6 +171,9 @@ def build_training(extended, model, data) -> Training:
             cm.update_state(y, y_pred, sample_weight)
         return original()
 
+    # Shared by every VW's (and HetSeq's) threads: a frozen task's tensor must not hold
+    # tf.function's lock (ps/faults.py shapes_first).
+    update_metrics = shapes_first(update_metrics)
     vws = max(len(extended.plans), 1)
     adjust = optimizer_adjustment(extended.compensation, extended.n_m, vws,
                                   extended.clock_distance)

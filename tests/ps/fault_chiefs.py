@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 
 from tests.benchmarks.binaries import ROOT
 
@@ -28,7 +29,13 @@ def run_chief(cluster, victim_pid, sig, timeout_s=3.0, on_fault="stop", at_batch
         args["checkpoint"] = str(checkpoint)
     proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_faults", json.dumps(args)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    if proc.returncode != 0:
+        # The whole stderr (a hang's thread stacks are long) goes to a file the message names.
+        with tempfile.NamedTemporaryFile("w", prefix="hetpipe_chief_", suffix=".stderr",
+                                         delete=False) as f:
+            f.write(proc.stderr)
+        raise AssertionError(f"chief exited {proc.returncode}; its stderr is in {f.name}; "
+                             f"the end:\n{proc.stderr[-4000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["stderr"] = proc.stderr   # warnings (logging) go there
     return out

@@ -94,6 +94,11 @@ class WeightPredictor:
             return u
         return [self.beta * x + (1.0 - self.beta) * y for x, y in zip(d, u)]
 
+    def correct_ops(self, grads: Sequence, before: Sequence, d: Sequence) -> list:
+        """The gradients the optimizer applies (ops for the caller's compiled update):
+        as they are here; `delay_compensation.DelayCompensatedPredictor` corrects them."""
+        return list(grads)
+
     def initial(self, values: Sequence) -> list:
         """d before any update: zeros shaped as the stage's values."""
         if self.d is None:

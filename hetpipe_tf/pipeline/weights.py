@@ -148,7 +148,10 @@ class StageWeights:
 
     def _apply_predict_impl(self, grads, deltas, d):
         # As _apply_impl, and the predictor's d after this update (u = after - before).
+        # The predictor may correct the gradients first (delay compensation; as they are
+        # with weight prediction alone).
         before = [tf.identity(keras_shim.variable_handle(v)) for v in self.trainable]
+        grads = self.predictor.correct_ops(grads, before, d)
         self.update_ops(grads, deltas)
         t, n = self.read_ops()
         return t, n, self.predictor.observe_ops(d, before, t)

@@ -60,7 +60,7 @@ OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "adamw": ("AdamW", {"learning_rate": 1e-3, "weight_decay": 1e-4}),
     "sgd": ("SGD", {"learning_rate": 0.1}),
 }
-COMPENSATIONS = ("none", "predict", "momentum", "both", "average", "all")
+COMPENSATIONS = ("none", "predict", "momentum", "both", "average", "all", "both_dc")
 SCHEDULES = ("gpipe", "1f1b")
 TASKS = ("digits", "spirals")
 SPEED_FACTORS = (1.0, 1.0, 1.0, 0.5)

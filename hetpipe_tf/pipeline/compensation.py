@@ -41,14 +41,22 @@ class Compensation(enum.Enum):
     BOTH = "both"          # PREDICT and MOMENTUM together
     AVERAGE = "average"    # each of N VWs' updates scaled by 1/N (strategy/averaging.py)
     ALL = "all"            # PREDICT, MOMENTUM and AVERAGE
+    BOTH_DC = "both_dc"    # BOTH, and each gradient delay-compensated (DC-ASGD;
+                           # pipeline/delay_compensation.py)
 
     @property
     def predicts(self) -> bool:
-        return self in (Compensation.PREDICT, Compensation.BOTH, Compensation.ALL)
+        return self in (Compensation.PREDICT, Compensation.BOTH, Compensation.ALL,
+                        Compensation.BOTH_DC)
 
     @property
     def reduces_momentum(self) -> bool:
-        return self in (Compensation.MOMENTUM, Compensation.BOTH, Compensation.ALL)
+        return self in (Compensation.MOMENTUM, Compensation.BOTH, Compensation.ALL,
+                        Compensation.BOTH_DC)
+
+    @property
+    def corrects_delay(self) -> bool:
+        return self is Compensation.BOTH_DC
 
     @property
     def averages(self) -> bool:

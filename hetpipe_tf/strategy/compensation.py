@@ -19,7 +19,9 @@ it, so checkpoints and `model.optimizer` show the user's configuration; only the
 clones change, after they are built, so their slots still pair with the model optimizer's).
 An optimizer with neither attribute is left as it is.
 
-`Compensation.BOTH` applies the two.
+`Compensation.BOTH` applies the two. `Compensation.BOTH_DC` also corrects each stage
+gradient for its delay (DC-ASGD-a, pipeline/delay_compensation.py: the stage's predictor
+is a `DelayCompensatedPredictor`).
 
 `Compensation.AVERAGE` scales each of N virtual workers' learning rate by 1/N
 (strategy/averaging.py: a wave of N VWs then moves w_global as one synchronous step with
@@ -33,6 +35,7 @@ from __future__ import annotations
 from typing import Callable
 
 from hetpipe_tf.pipeline.compensation import Compensation, WeightPredictor
+from hetpipe_tf.pipeline.delay_compensation import DelayCompensatedPredictor
 from hetpipe_tf.strategy.averaging import averaging_adjustment
 
 __all__ = ["Compensation", "implied_staleness", "reduced_momentum", "optimizer_adjustment",
@@ -85,5 +88,7 @@ def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int 
     def make(device: str) -> WeightPredictor | None:
         if not compensation.predicts or (n_m or 1) <= 1:
             return None
+        if compensation.corrects_delay:
+            return DelayCompensatedPredictor(device, n_m, scale=float(num_vws))
         return WeightPredictor(device, scale=float(num_vws))
     return make

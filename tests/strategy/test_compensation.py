@@ -123,7 +123,8 @@ def test_adam_beta_1_is_reduced_on_the_stages_only():
 def test_two_virtual_workers_train_with_each_compensation():
     """Several VWs under WSP (D = 1): every compensation trains (finite, changes weights)."""
     x, y = regression_data(N, 0)
-    for c in (Compensation.PREDICT, Compensation.MOMENTUM, Compensation.BOTH):
+    for c in (Compensation.PREDICT, Compensation.MOMENTUM, Compensation.BOTH,
+              Compensation.BOTH_DC):
         strategy = HetPipeStrategy(
             plan=[even_plan(skip_model(0), DEVICES[w * 2:w * 2 + 2], n_m=2)
                   for w in range(2)], clock_distance=1, compensation=c)
@@ -136,6 +137,25 @@ def test_two_virtual_workers_train_with_each_compensation():
         assert hist.history["loss"][-1] < hist.history["loss"][0]
         assert max(np.abs(a - b).max() for a, b in zip(model.get_weights(), w0)) > 1e-3
         strategy.close()
+
+
+def test_both_dc_corrects_the_stage_gradients_with_adam():
+    """BOTH_DC: the stages' predictors are delay-compensating (pipeline/delay_compensation.py
+    holds the reference test of the rule), beta_1 is reduced, and training differs from
+    BOTH's (the correction is applied)."""
+    from hetpipe_tf.pipeline.delay_compensation import DelayCompensatedPredictor
+
+    adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    strategy, model, _, _ = _fit(2, 2, adam, "both_dc")
+    stages = strategy.pipeline(model).versions.stages
+    assert all(isinstance(s.predictor, DelayCompensatedPredictor) for s in stages)
+    assert [s.optimizer.beta_1 for s in stages] == [pytest.approx(0.8)] * 2
+    dc = model.get_weights()
+    assert all(np.isfinite(w).all() for w in dc)
+    strategy.close()
+    strategy, model, _, _ = _fit(2, 2, adam, "both")
+    assert max(np.abs(a - b).max() for a, b in zip(model.get_weights(), dc)) > 1e-4
+    strategy.close()
 
 
 def test_bad_compensation_is_refused_before_training():

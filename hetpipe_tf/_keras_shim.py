@@ -419,10 +419,51 @@ def own_executor() -> Any:
     tensorflow/python/distribute/coordinator/cluster_coordinator.py). Public TF has no
     per-thread executor, hence private `context` / `executor`.
     """
-    from tensorflow.python.eager import context, executor
+    from tensorflow.python.eager import executor
 
     own = executor.new_executor(enable_async=False)
-    return _cleared_on_exit(own, context.executor_scope(own))
+    return _cleared_on_exit(own, _executor_scope(own))
+
+
+@contextlib.contextmanager
+def _executor_scope(own: Any) -> Any:
+    """`context.executor_scope(own)` without its wait on the thread's previous executor.
+
+    TensorFlow's scope reads the previous executor as a new Python wrapper and drops it
+    at exit, and `Executor.__del__` waits for every op pending in that executor: the
+    process's default one, where a remote op of another thread for a frozen task (SIGSTOP)
+    never ends. Every thread leaving its own executor then hung (a guarded call of the
+    coordinator, so the chief; tests/ps/test_continue.py). The wrapper here is dropped
+    without that wait (it never owns the executor it points to)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    previous = ctx.executor   # a wrapper that does not own the executor
+    previous.__class__ = _UnwaitedExecutor
+    ctx.executor = own
+    try:
+        yield
+    finally:
+        ctx.executor = previous
+
+
+def _unwaited_executor_class() -> type:
+    from tensorflow.python import pywrap_tfe
+    from tensorflow.python.eager import executor
+
+    class UnwaitedExecutor(executor.Executor):
+        __slots__ = ()
+
+        def __del__(self) -> None:
+            try:
+                pywrap_tfe.TFE_DeleteExecutor(self._handle)   # the wrapper only
+            except TypeError:   # interpreter shutdown, as Executor.__del__
+                pass
+
+    return UnwaitedExecutor
+
+
+_UnwaitedExecutor = _unwaited_executor_class()
 
 
 @contextlib.contextmanager

@@ -112,14 +112,14 @@ class Coordinator(Executor):
         if self._continues:
             guard.on_lost = self.drop_lost
             servers.settle_pushes = True
-            locks = {id(getattr(rt, "_metrics_lock", None)) for rt in self.runtimes}
-            if len(locks) == 1 and len(self.runtimes) > 1:
-                # The VWs' shared metrics lock, held by a stage thread across remote ops
-                # (its metrics update, its logs read): one that can be let go of for a
-                # dropped VW stuck in its frozen task (SIGSTOP), else the others wait forever.
-                self._metrics_lock = DroppableLock()
-                for rt in self.runtimes:
-                    rt._metrics_lock = self._metrics_lock
+            lock = getattr(self.runtimes[0], "_metrics_lock", None)
+            if isinstance(lock, DroppableLock) and all(
+                    getattr(rt, "_metrics_lock", None) is lock for rt in self.runtimes):
+                # The VWs' shared metrics lock (strategy/virtual_workers.py makes it a
+                # DroppableLock), held by a stage thread across remote ops (its metrics
+                # update, its logs read): let go of for a dropped VW stuck in its frozen
+                # task (SIGSTOP), else the others would wait for it forever.
+                self._metrics_lock = lock
         self._feeders = [threading.Thread(target=self._feed, args=(w,), daemon=True,
                                           name=f"hetpipe-feeder-{w}")
                          for w in range(len(self.runtimes))]
@@ -196,13 +196,15 @@ class Coordinator(Executor):
         done = threading.Event()
 
         def run() -> None:
-            try:
-                with _keras_shim.own_executor():   # a lost task blocks this thread only
+            # A lost task blocks this thread only; `done` is set before leaving the
+            # executor, which waits for its remote ops (a frozen task's never end).
+            with _keras_shim.own_executor():
+                try:
                     fn(*args)
-            except BaseException as e:  # noqa: BLE001 - judged below
-                box["error"] = e
-            finally:
-                done.set()
+                except BaseException as e:  # noqa: BLE001 - judged below
+                    box["error"] = e
+                finally:
+                    done.set()
 
         threading.Thread(target=run, daemon=True, name=f"hetpipe-vw{w}-call").start()
         while not done.wait(0.05):

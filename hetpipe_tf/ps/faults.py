@@ -274,22 +274,27 @@ class FaultGuard:
         box: dict = {}
         done = threading.Event()
 
-        def run() -> None:
-            self._local.inside = True
+        def call_fn() -> None:
             try:
-                if self.options.policy is FaultPolicy.CONTINUE:
-                    # The job outlives a lost task: its failed ops must not block the
-                    # chief's later calls in a shared executor (_keras_shim.own_executor).
-                    from hetpipe_tf import _keras_shim
-
-                    with _keras_shim.own_executor():
-                        box["value"] = fn(*args)
-                else:
-                    box["value"] = fn(*args)
+                box["value"] = fn(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 box["error"] = e
             finally:
                 done.set()
+
+        def run() -> None:
+            self._local.inside = True
+            if self.options.policy is FaultPolicy.CONTINUE:
+                # The job outlives a lost task: its failed ops must not block the chief's
+                # later calls in a shared executor (_keras_shim.own_executor). `done` is
+                # set inside: leaving the executor waits for its remote ops, and one for a
+                # frozen task (a tensor handle it frees, say) never ends.
+                from hetpipe_tf import _keras_shim
+
+                with _keras_shim.own_executor():
+                    call_fn()
+            else:
+                call_fn()
 
         threading.Thread(target=run, daemon=True, name="hetpipe-guarded-call").start()
         while not done.wait(0.05):

@@ -52,6 +52,7 @@ from hetpipe_tf.pipeline.runtime import PipelineError
 from hetpipe_tf.pipeline.stage import Stage, compiled_loss
 from hetpipe_tf.pipeline.weights import StageWeights
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
+from hetpipe_tf.ps.coordinator import DroppableLock
 
 
 
@@ -141,7 +142,10 @@ class HetSeqExecutor(ThreadedExecutor):
         self._on_run_start = on_run_start
         self._on_run_end = on_run_end
         self._cond = threading.Condition()
-        self._metrics_lock = threading.Lock()
+        # Held across remote ops (the metrics update, the logs read): droppable, as the
+        # VWs' lock is (ps/coordinator.py), for a device thread stuck in a frozen task.
+        # Nothing drops it yet: HetSeq on remote tasks is not guarded (docs/cluster_jobs.md).
+        self._metrics_lock = DroppableLock()
         self.submitted = 0
         self.completed = 0
         self._run = 0

@@ -21,7 +21,6 @@ global weights, and the VWs' optimizer states are merged into the model's optimi
 
 from __future__ import annotations
 
-import threading
 import types
 from typing import Any, Callable, Sequence
 
@@ -31,7 +30,7 @@ from hetpipe_tf import _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.partitioner.shares import Shares
-from hetpipe_tf.ps.coordinator import Coordinator
+from hetpipe_tf.ps.coordinator import Coordinator, DroppableLock
 from hetpipe_tf.ps.split import SplitCoordinator
 from hetpipe_tf.ps.faults import FaultOptions, fault_guard
 from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, ps_device
@@ -106,7 +105,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                                        names=[v.path if hasattr(v, "path") else v.name
                                               for v in variables])
         index = {id(v): k for k, v in enumerate(variables)}
-        metrics_lock = threading.Lock()
+        # Droppable: a dropped VW's thread stuck holding it is let go of (ps/coordinator.py).
+        metrics_lock = DroppableLock()
         runtimes, syncs = [], []
         states = training_state.OptimizerStates(model, strategy, len(plans), adjust=adjust)
         for w, stages in enumerate(per_vw_stages):

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from hetpipe_tf.pipeline.compensation import WeightPredictor
 
-DEFAULT_LAMBDA = 1.0   # lambda_0 (docs/convergence.md: measured 0.5, 1, 2)
+DEFAULT_LAMBDA = 2.0   # lambda_0 (docs/convergence.md: 1, 2, 4 and 8 measured; 2 best)
 DEFAULT_MS_DECAY = 0.95   # m, DC-ASGD-a's value
 _EPS = 1e-7
 

@@ -20,6 +20,7 @@ import time
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
+from hetpipe_tf.pipeline.executor import thread_scope
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.runtime import PipelineError
 from hetpipe_tf.strategy import training_state
@@ -56,7 +57,11 @@ def guard_model(extended, model) -> None:
             try:
                 if drain_first and may_drain():   # a stage's error aborts as in the call
                     extended.drain()
-                return original(*args, **kwargs)
+                # Cluster jobs: the caller's ops off TensorFlow's default executor, where a
+                # frozen task's pending ops would hold tf.data's and Keras' waits on it
+                # (docs/cluster_jobs.md "Going on without a lost VW").
+                with thread_scope():
+                    return original(*args, **kwargs)
             except BaseException as e:
                 stage_error = extended.abort(model)
                 refused = extended.refused.pop(id(model), None)

@@ -3,8 +3,10 @@ connecting to a cluster changes the process's TensorFlow context for good).
 
 argv[1]: JSON {"cluster": {...}, "victim_pid": int, "signal": "SIGKILL" | "SIGSTOP" |
 null, "on_fault": "stop" | "continue", "timeout_s": float, "at_batch": int,
-"epochs": int, "checkpoint": path or absent}. Runs as the chief task of TF_CONFIG (HetPipeStrategy connects it), trains
-2 one-stage VWs (NP allocation, one per worker task, w_global on the ps task), sends the
+"epochs": int, "checkpoint": path or absent, "plans": [[device, ...] per VW] or absent}.
+Runs as the chief task of TF_CONFIG (HetPipeStrategy connects it), trains 2 one-stage VWs
+(NP allocation, one per worker task, w_global on the ps task; with "plans", one VW per
+list, its layers split evenly over those devices), sends the
 signal to the victim after `at_batch` batches, and prints one JSON line: what fit raised
 (type, message, task, address, VWs), the seconds from the signal to the error, the
 VWs' assignment, and the final loss. With on_fault="continue" also: the VWs dropped and
@@ -35,16 +37,26 @@ def main() -> None:
                                           "task": {"type": "chief", "index": 0}})
     import hetpipe_tf as hp
 
-    strategy = hp.HetPipeStrategy(allocation="NP", n_m=1, clock_distance=0,
-                                  fault_timeout_s=args["timeout_s"],
-                                  on_fault=args.get("on_fault", "stop"))
+    def make_model():
+        return keras.Sequential([keras.Input((8,)),
+                                 keras.layers.Dense(16, activation="relu", name="d1"),
+                                 keras.layers.Dense(1, name="d2")])
+
+    options = dict(n_m=1, clock_distance=0, fault_timeout_s=args["timeout_s"],
+                   on_fault=args.get("on_fault", "stop"))
+    if args.get("plans"):   # one list of stage devices per VW, split evenly at the first fit
+        from hetpipe_tf.strategy import even_plan
+
+        options["plan"] = lambda m: [even_plan(m, devices, n_m=1) for devices in args["plans"]]
+    else:
+        options["allocation"] = "NP"
+    strategy = hp.HetPipeStrategy(**options)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.get("samples", 1024), 8)).astype("float32")
     y = x[:, :1] * 2.0
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dense(1)])
+        model = make_model()
         model.compile(keras.optimizers.Adam(0.01), "mse")
     sent = {}
     epoch_weights = []
@@ -87,6 +99,7 @@ def main() -> None:
     coord = strategy.coordinator(model)
     if coord is not None:
         out["assignment"] = [list(a) for a in coord.assignment]
+        out["devices"] = [[s.tf_device for s in p.stages] for p in strategy.plans]
         out["dropped"] = sorted(getattr(coord, "dropped", ()))
         if sent and getattr(coord, "dropped_at", None):
             out["drop_s"] = min(coord.dropped_at.values()) - sent["t"]

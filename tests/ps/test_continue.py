@@ -456,3 +456,35 @@ def test_fit_goes_on_without_a_lost_vw(sig, tmp_path):
     assert len(weights) == 2 and weights[1] != weights[0], out
     assert max(out["assignment"][0]) >= 64 and max(out["assignment"][1]) < 64, out
     assert np.isfinite(out["evaluate"]) and out["checkpoint_matches"] is True, out
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.slow)])
+def test_continue_drops_exactly_the_vw_of_a_lost_task_of_a_two_stage_vw(sig):
+    """VW 0 has 2 stages, on worker:0 and worker:1; VW 1 one stage on worker:2 (plans given;
+    w_global on the ps). worker:1 signalled in epoch 1: VW 0 alone is dropped (worker:0,
+    which still answers, holds its other stage), VW 1 trains on. About 22 s (5 TensorFlow
+    processes on 2 cores); the servers are stopped by pid, also on failure."""
+    from hetpipe_tf.cluster.serve import start_local_servers
+    from tests.ps.fault_chiefs import run_chief as _chief
+
+    def dev(i):
+        return f"/job:worker/replica:0/task:{i}/device:CPU:0"
+
+    with start_local_servers({"worker": 3, "ps": 1}) as servers:
+        out = _chief(servers.cluster, servers.pids[1], sig, timeout_s=3.0,
+                     on_fault="continue", at_batch=8, epochs=2,
+                     plans=[[dev(0), dev(1)], [dev(2)]])
+    print({k: v for k, v in out.items() if k not in ("stderr", "assignment")})
+    assert out["raised"] is None, out
+    assert out["devices"] == [[dev(0), dev(1)], [dev(2)]], out
+    assert out["dropped"] == [0], out
+    address = servers.cluster["worker"][1]
+    assert re.search(rf"task worker:1 at {address} is lost.*dropped virtual worker\(s\) \[0\] "
+                     rf"\(stage 1 of VW 0 on {dev(1)};.*training goes on with VW\(s\) \[1\]",
+                     out["stderr"]), out["stderr"][-3000:]
+    assert "worker:0" not in re.findall(r"task (worker:\d) at", out["stderr"]), out["stderr"]
+    assert max(out["assignment"][1]) >= 64 and max(out["assignment"][0]) < 64, out
+    assert len(out["losses"]) == 2 and all(np.isfinite(out["losses"])), out
+    assert out["epoch_weights"][1] != out["epoch_weights"][0], out
+    assert np.isfinite(out["evaluate"]), out
+

@@ -75,7 +75,8 @@ class HetPipeStrategy(tf.distribute.Strategy):
         `Compensation.MOMENTUM` lowers the stage optimizers' momentum by the momentum that
         staleness implies; `Compensation.BOTH` does both; `Compensation.AVERAGE` scales
         each of N VWs' learning rate by 1/N (averaged, not summed, updates);
-        `Compensation.ALL` is BOTH and AVERAGE. A Compensation or its name.
+        `Compensation.ALL` is BOTH and AVERAGE; `Compensation.BOTH_DC` is BOTH with each
+        stage gradient delay-compensated (DC-ASGD). A Compensation or its name.
       data_parallel: `DataParallel.WSP` (or "wsp"): the layouts above. `DataParallel.HETSEQ`
         (or "hetseq"): every device of `cluster` holds the whole model and takes a share of
         each batch by its speed, one synchronous update per batch (docs/hetseq.md); with

@@ -36,6 +36,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core import wsp
+from hetpipe_tf.pipeline import transport
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 
@@ -98,6 +99,13 @@ class ParameterServers:
         self._at_global: tuple[list, tuple[int, ...]] | None = None
         self._add = compiled_method(self._add_impl, reduce_retracing=True)
         self._copy = compiled_method(self._copy_impl, reduce_retracing=True)
+        self._read_all = compiled_method(self._read_impl)
+        # Snapshots and pulls read every variable in one call hosted on the servers' task
+        # when they share one (docs/cluster_jobs.md, "Speed of the wire"), instead of one
+        # remote eager op each; several tasks or this process: `read_values`.
+        tasks = {transport.task_of(v.device) for v in self.variables}
+        self._read_device = (self.variables[0].device
+                             if len(tasks) == 1 and None not in tasks else None)
 
     # --- clocks -------------------------------------------------------------------------
     @property
@@ -162,6 +170,16 @@ class ParameterServers:
             self._cond.notify_all()
 
     # --- push and pull ------------------------------------------------------------------
+    def _read_impl(self):
+        return read_values(self.variables)
+
+    def _read(self) -> list:
+        """`read_values(self.variables)`, in one remote call where possible (__init__)."""
+        if self._read_device is None:
+            return read_values(self.variables)
+        with tf.device(self._read_device):
+            return list(self._read_all())
+
     def _add_impl(self, deltas):
         for v, d in zip(self.variables, deltas):
             with tf.device(v.device):
@@ -197,7 +215,7 @@ class ParameterServers:
             self._add(deltas)
             self._pushed[worker] = wave + 1
             if self._global() > before:   # copy-on-write: a copy only once written again
-                self._at_global = (read_values(self.variables), tuple(self._pushed))
+                self._at_global = (self._read(), tuple(self._pushed))
             self.pushes.append(Push(worker, wave, tuple(self._pushed), final,
                                     frozenset(self._retired)))
             self._cond.notify_all()
@@ -217,7 +235,7 @@ class ParameterServers:
         """(w_global as tensors on the servers' devices, clocks it reflects)."""
         with self._cond:
             self.pull_count += 1
-            return read_values(self.variables), tuple(self._pushed)
+            return self._read(), tuple(self._pushed)
 
     def pull_wave(self, worker: int, wave: int) -> tuple[list, tuple[int, ...]]:
         """The pull after waiting for `wave`: w_global as it stood when every worker had
@@ -231,7 +249,7 @@ class ParameterServers:
             if (snap is not None and wsp.global_clock(snap[1], self._retired) > wave
                     and snap[1][worker] == self._pushed[worker]):
                 return list(snap[0]), snap[1]
-            return read_values(self.variables), tuple(self._pushed)
+            return self._read(), tuple(self._pushed)
 
     def pull_if_newer(self, worker: int, held: Sequence[int]
                       ) -> tuple[list, tuple[int, ...]] | None:
@@ -242,4 +260,4 @@ class ParameterServers:
             if not wsp.fresh_pull_due(worker, held, self._pushed):
                 return None
             self.pull_count += 1
-            return read_values(self.variables), tuple(self._pushed)
+            return self._read(), tuple(self._pushed)

@@ -288,19 +288,25 @@ class PipelineRuntime(ThreadedExecutor):
             tvals, nvals = self.versions.take(mb.id, j)
             tvals = tied.with_borrowed(stage, mb.tied, tvals)
             extra = None if j == 0 else mb.extra_loss
+            # The logs are read after the metrics lock is let go: reading waits for the
+            # stage's compute, and under the lock every other VW's stage waited for it too
+            # (their computes ran one after the other; docs/cluster_jobs.md "Speed of the
+            # wire"). The lock orders the metrics updates; their outputs are values.
             if self._fuse_metrics:
                 with self._metrics_lock:
                     wg, in_grads, _, _, deltas, logs = stage.forward_backward(
                         tvals, nvals, inputs, mb.y, mb.sample_weight, extra_loss=extra,
                         metrics=self._update_metrics)
-                    self._set_logs(logs)
+                    stamp = time.perf_counter()   # the updates' order, for the latest logs
             else:
                 wg, in_grads, loss, outputs, deltas, _ = stage.forward_backward(
                     tvals, nvals, inputs, mb.y, mb.sample_weight)
                 total = loss if extra is None else loss + extra
                 with self._metrics_lock, tf.device(stage.device):
-                    self._set_logs(self._update_metrics(
-                        total, mb.y, stage.program.pack_outputs(outputs), mb.sample_weight))
+                    logs = self._update_metrics(
+                        total, mb.y, stage.program.pack_outputs(outputs), mb.sample_weight)
+                    stamp = time.perf_counter()
+            self._set_logs(logs, stamp)
             mb.grads[j] = tied.own_grads(stage, mb.tied_grads, mb.tied, wg)
             mb.deltas[j] = deltas
             # Let go of p's version before the commit applies u_p: a version still alive then
@@ -320,13 +326,13 @@ class PipelineRuntime(ThreadedExecutor):
             else:
                 self._put(self._queues[j - 1], (TaskKind.BACKWARD, mb, in_grads))
 
-    def _set_logs(self, logs: dict) -> None:
+    def _set_logs(self, logs: dict, stamp: float) -> None:
         # Host values, read here: handing the eager tensors to the Keras step's thread
         # crashed TensorFlow now and then when the stage runs on a remote task (absl
         # "Mutex corrupt" aborts and segfaults in 3 of 12 loaded chief_traffic runs; 0 of
         # 24 with values).
         self.logs = transport.host_values(logs)   # one round trip for all of them
-        self.logs_time = time.perf_counter()
+        self.logs_time = stamp   # taken under the metrics lock: the latest are the newest
 
     def _updater(self) -> None:
         with thread_scope():

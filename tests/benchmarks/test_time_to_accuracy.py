@@ -20,7 +20,7 @@ def test_cost_mode_prints_every_compensation():
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = _rows(proc.stdout)
     assert [r[0] for r in rows] == ["compensation", "none", "predict", "momentum", "both",
-                                    "average", "all"]
+                                    "average", "all", "both_dc"]
     assert all(float(r[1]) > 0 for r in rows[1:])
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe as _pywrap_tfe   # own_executor
+from tensorflow.python.eager import executor as _tf_executor   # own_executor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,6 +411,7 @@ def host_task() -> str:
     return context.context().host_address_space()
 
 
+@contextlib.contextmanager
 def own_executor() -> Any:
     """A context manager: this thread's eager ops run in an executor of their own (sync).
 
@@ -418,64 +421,40 @@ def own_executor() -> Any:
     the same reason (`context.executor_scope(executor.new_executor(enable_async=False))`,
     tensorflow/python/distribute/coordinator/cluster_coordinator.py). Public TF has no
     per-thread executor, hence private `context` / `executor`.
+
+    Not TF's `executor_scope` itself: it reads the previous executor as a new Python
+    wrapper and drops it at exit, and `Executor.__del__` waits for every op pending in
+    that executor: the process's default one, where a remote op of another thread for a
+    frozen task (SIGSTOP) never ends, so every thread leaving its own executor hung (the
+    chief; tests/ps/test_continue.py). That wrapper is dropped here without the wait (it
+    never owns the executor it points to). On leaving, a lost task's error left in this
+    executor is cleared: the thread has already raised or dropped it, and `__del__` would
+    print it as "Exception ignored ... UnavailableError" at exit.
     """
-    from tensorflow.python.eager import executor
+    from tensorflow.python.eager import context, executor
 
     own = executor.new_executor(enable_async=False)
-    return _cleared_on_exit(own, _executor_scope(own))
-
-
-@contextlib.contextmanager
-def _executor_scope(own: Any) -> Any:
-    """`context.executor_scope(own)` without its wait on the thread's previous executor.
-
-    TensorFlow's scope reads the previous executor as a new Python wrapper and drops it
-    at exit, and `Executor.__del__` waits for every op pending in that executor: the
-    process's default one, where a remote op of another thread for a frozen task (SIGSTOP)
-    never ends. Every thread leaving its own executor then hung (a guarded call of the
-    coordinator, so the chief; tests/ps/test_continue.py). The wrapper here is dropped
-    without that wait (it never owns the executor it points to)."""
-    from tensorflow.python.eager import context
-
     ctx = context.context()
     previous = ctx.executor   # a wrapper that does not own the executor
     previous.__class__ = _UnwaitedExecutor
     ctx.executor = own
     try:
-        yield
+        yield own
     finally:
+        try:
+            own.wait()
+        except tf.errors.OpError:
+            own.clear_error()
         ctx.executor = previous
 
 
-def _unwaited_executor_class() -> type:
-    from tensorflow.python import pywrap_tfe
-    from tensorflow.python.eager import executor
+class _UnwaitedExecutor(_tf_executor.Executor):
+    """A wrapper of an executor it does not own: dropped without waiting for its ops."""
 
-    class UnwaitedExecutor(executor.Executor):
-        __slots__ = ()
+    __slots__ = ()
 
-        def __del__(self) -> None:
-            try:
-                pywrap_tfe.TFE_DeleteExecutor(self._handle)   # the wrapper only
-            except TypeError:   # interpreter shutdown, as Executor.__del__
-                pass
-
-    return UnwaitedExecutor
-
-
-_UnwaitedExecutor = _unwaited_executor_class()
-
-
-@contextlib.contextmanager
-def _cleared_on_exit(own: Any, scope: Any) -> Any:
-    # A thread that served a lost task leaves its executor holding that task's error;
-    # the executor's `__del__` waits on it and prints "Exception ignored ...
-    # UnavailableError" at exit. The thread has already raised or dropped that error.
-    with scope:
+    def __del__(self) -> None:
         try:
-            yield own
-        finally:
-            try:
-                own.wait()
-            except tf.errors.OpError:
-                own.clear_error()
+            _pywrap_tfe.TFE_DeleteExecutor(self._handle)   # the wrapper only
+        except TypeError:   # interpreter shutdown, as Executor.__del__
+            pass

@@ -79,7 +79,8 @@ class Coordinator(Executor):
                  on_run_start: Callable[[], None] | None = None,
                  on_run_end: Callable[[], None] | None = None,
                  history: int = DEFAULT_HISTORY, guard=None,
-                 on_drop: Callable[[int], None] | None = None):
+                 on_drop: Callable[[int], None] | None = None,
+                 metrics_lock: "DroppableLock | None" = None):
         if not (len(runtimes) == len(syncs) == servers.num_workers):
             raise ValueError(f"One runtime and one WaveSync per worker are needed. Received: "
                              f"{len(runtimes)} runtimes, {len(syncs)} syncs, "
@@ -107,19 +108,15 @@ class Coordinator(Executor):
         self.dropped: dict[int, TaskLostError] = {}   # VW -> the loss that dropped it
         self.dropped_at: dict[int, float] = {}   # VW -> time.monotonic() of the drop
         self._on_drop = on_drop
+        # The VWs' shared metrics lock (strategy/virtual_workers.py), held by a stage thread
+        # across remote ops (its metrics update, its logs read): `drop_lost` lets go of it
+        # for a dropped VW stuck in its frozen task (SIGSTOP), else the others wait forever.
+        self._metrics_lock = metrics_lock
         self._continues = (guard is not None and guard.options.policy is FaultPolicy.CONTINUE
                            and self._can_drop)
         if self._continues:
             guard.on_lost = self.drop_lost
             servers.settle_pushes = True
-            lock = getattr(self.runtimes[0], "_metrics_lock", None)
-            if isinstance(lock, DroppableLock) and all(
-                    getattr(rt, "_metrics_lock", None) is lock for rt in self.runtimes):
-                # The VWs' shared metrics lock (strategy/virtual_workers.py makes it a
-                # DroppableLock), held by a stage thread across remote ops (its metrics
-                # update, its logs read): let go of for a dropped VW stuck in its frozen
-                # task (SIGSTOP), else the others would wait for it forever.
-                self._metrics_lock = lock
         self._feeders = [threading.Thread(target=self._feed, args=(w,), daemon=True,
                                           name=f"hetpipe-feeder-{w}")
                          for w in range(len(self.runtimes))]
@@ -169,7 +166,7 @@ class Coordinator(Executor):
                 self.dropped[w] = error
                 self.dropped_at[w] = time.monotonic()
             self._lock.notify_all()
-        if new and hasattr(self, "_metrics_lock"):
+        if new and self._metrics_lock is not None:
             self._metrics_lock.drop(set().union(*(self.runtimes[w].thread_ids for w in new)))
         for w in new:
             self.servers.retire(w)

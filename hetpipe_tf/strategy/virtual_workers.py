@@ -154,4 +154,5 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                                 on_run_start=states.seed, on_run_end=states.merge,
                                 guard=guard, on_drop=states.drop)
     return Coordinator(runtimes, syncs, servers, variables, on_run_start=states.seed,
-                       on_run_end=states.merge, guard=guard, on_drop=states.drop)
+                       on_run_end=states.merge, guard=guard, on_drop=states.drop,
+                       metrics_lock=metrics_lock)

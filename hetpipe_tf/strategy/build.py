@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
+from hetpipe_tf.cluster.roles import connected_to_cluster
 from hetpipe_tf.partitioner.layer_graph import input_shapes_set, set_input_shapes
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime, runs_in_graph
@@ -171,9 +172,10 @@ def build_training(extended, model, data) -> Training:
             cm.update_state(y, y_pred, sample_weight)
         return original()
 
-    # Shared by every VW's (and HetSeq's) threads: a frozen task's tensor must not hold
-    # tf.function's lock (ps/faults.py shapes_first).
-    update_metrics = shapes_first(update_metrics)
+    # Shared by every VW's (and HetSeq's) threads: in a cluster job a frozen task's tensor
+    # must not hold tf.function's lock (ps/faults.py shapes_first); local tensors are ready.
+    if connected_to_cluster():
+        update_metrics = shapes_first(update_metrics)
     vws = max(len(extended.plans), 1)
     adjust = optimizer_adjustment(extended.compensation, extended.n_m, vws,
                                   extended.clock_distance)

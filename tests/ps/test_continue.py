@@ -458,10 +458,10 @@ def test_fit_goes_on_without_a_lost_vw(sig, tmp_path):
     assert np.isfinite(out["evaluate"]) and out["checkpoint_matches"] is True, out
 
 
-# SIGSTOP here: a known intermittent hang, not a pass (1 of 21 runs; docs/cluster_jobs.md
+# SIGSTOP here: a known intermittent hang, not a pass (2 of 22 runs; docs/cluster_jobs.md
 # "Left": the surviving VW idle with a minibatch counted in flight). Non-strict.
 _TWO_STAGE_FROZEN_HANG = pytest.mark.xfail(
-    strict=False, reason="known: 1 of 21 runs hung, the surviving VW's feeder waiting for "
+    strict=False, reason="known: 2 of 22 runs hung, the surviving VW's feeder waiting for "
     "room while none of its threads works (docs/cluster_jobs.md Left)")
 
 

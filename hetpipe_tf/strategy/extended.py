@@ -61,6 +61,13 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         # model's variables stay on the host (each VW has copies).
         self.plan = self.plans[0] if len(self.plans) == 1 else None
         self.n_m = n_m if n_m is not None else (self.plans[0].n_m if self.plans else None)
+        # Checked here, not first at the fit that plans: bad input fails before any work.
+        for field, value in (("max_m", max_m), ("num_virtual_workers", num_virtual_workers)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{field} must be an int >= 1 or None. Received: "
+                                 f"{field}={value!r}; pass a positive int, or None for the "
+                                 "default.")
         self.max_m = max_m
         if (not self.plans and self._plan_fn is None and cluster is None
                 and not os.environ.get("TF_CONFIG")):

@@ -54,6 +54,18 @@ def test_an_open_batch_dimension_with_no_batch_size_to_plan_for_is_refused():
     trace.get_concrete_function()
 
 
+@pytest.mark.parametrize("field,value", [("max_m", -1), ("max_m", 0), ("max_m", 2.0),
+                                         ("num_virtual_workers", 0),
+                                         ("num_virtual_workers", True)])
+def test_counts_are_checked_when_the_strategy_is_made(field, value):
+    """Not first at the fit that plans with them."""
+    import hetpipe_tf as hp
+
+    with pytest.raises(ValueError, match=rf"{field} must be an int >= 1 or None\. "
+                                         rf"Received: {field}={value!r}"):
+        HetPipeStrategy(hp.Cluster.local(["LOCAL_CPU"] * 2), **{field: value})
+
+
 def test_n_m_larger_than_max_m():
     with pytest.raises(ValueError, match=r"N_m exceeds Max_m.*Received: n_m=5, max_m=3"):
         HetPipeStrategy(plan=even_plan(skip_model(), DEVICES[:2], n_m=5), max_m=3)

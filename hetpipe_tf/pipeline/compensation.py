@@ -43,20 +43,26 @@ class Compensation(enum.Enum):
     ALL = "all"            # PREDICT, MOMENTUM and AVERAGE
     BOTH_DC = "both_dc"    # BOTH, and each gradient delay-compensated (DC-ASGD;
                            # pipeline/delay_compensation.py)
+    BOTH_GA = "both_ga"    # BOTH, and each gradient divided by its gap (Gap-Aware;
+                           # pipeline/gap_aware.py)
 
     @property
     def predicts(self) -> bool:
         return self in (Compensation.PREDICT, Compensation.BOTH, Compensation.ALL,
-                        Compensation.BOTH_DC)
+                        Compensation.BOTH_DC, Compensation.BOTH_GA)
 
     @property
     def reduces_momentum(self) -> bool:
         return self in (Compensation.MOMENTUM, Compensation.BOTH, Compensation.ALL,
-                        Compensation.BOTH_DC)
+                        Compensation.BOTH_DC, Compensation.BOTH_GA)
 
     @property
     def corrects_delay(self) -> bool:
         return self is Compensation.BOTH_DC
+
+    @property
+    def penalizes_gap(self) -> bool:
+        return self is Compensation.BOTH_GA
 
     @property
     def averages(self) -> bool:

@@ -21,7 +21,8 @@ An optimizer with neither attribute is left as it is.
 
 `Compensation.BOTH` applies the two. `Compensation.BOTH_DC` also corrects each stage
 gradient for its delay (DC-ASGD-a, pipeline/delay_compensation.py: the stage's predictor
-is a `DelayCompensatedPredictor`).
+is a `DelayCompensatedPredictor`); `Compensation.BOTH_GA` divides it by its gap instead
+(Gap-Aware, pipeline/gap_aware.py: a `GapAwarePredictor`).
 
 `Compensation.AVERAGE` scales each of N virtual workers' learning rate by 1/N
 (strategy/averaging.py: a wave of N VWs then moves w_global as one synchronous step with
@@ -36,6 +37,7 @@ from typing import Callable
 
 from hetpipe_tf.pipeline.compensation import Compensation, WeightPredictor
 from hetpipe_tf.pipeline.delay_compensation import DelayCompensatedPredictor
+from hetpipe_tf.pipeline.gap_aware import GapAwarePredictor
 from hetpipe_tf.strategy.averaging import averaging_adjustment
 
 __all__ = ["Compensation", "implied_staleness", "reduced_momentum", "optimizer_adjustment",
@@ -90,5 +92,7 @@ def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int 
             return None
         if compensation.corrects_delay:
             return DelayCompensatedPredictor(device, n_m, scale=float(num_vws))
+        if compensation.penalizes_gap:
+            return GapAwarePredictor(device, n_m, scale=float(num_vws))
         return WeightPredictor(device, scale=float(num_vws))
     return make

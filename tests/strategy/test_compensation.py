@@ -124,7 +124,7 @@ def test_two_virtual_workers_train_with_each_compensation():
     """Several VWs under WSP (D = 1): every compensation trains (finite, changes weights)."""
     x, y = regression_data(N, 0)
     for c in (Compensation.PREDICT, Compensation.MOMENTUM, Compensation.BOTH,
-              Compensation.BOTH_DC):
+              Compensation.BOTH_DC, Compensation.BOTH_GA):
         strategy = HetPipeStrategy(
             plan=[even_plan(skip_model(0), DEVICES[w * 2:w * 2 + 2], n_m=2)
                   for w in range(2)], clock_distance=1, compensation=c)
@@ -139,16 +139,19 @@ def test_two_virtual_workers_train_with_each_compensation():
         strategy.close()
 
 
-def test_both_dc_corrects_the_stage_gradients_with_adam():
-    """BOTH_DC: the stages' predictors are delay-compensating (pipeline/delay_compensation.py
-    holds the reference test of the rule), beta_1 is reduced, and training differs from
-    BOTH's (the correction is applied)."""
+@pytest.mark.parametrize("compensation", ["both_dc", "both_ga"])
+def test_corrected_gradients_with_adam(compensation):
+    """BOTH_DC / BOTH_GA: the stages' predictors are delay-compensating / gap-aware
+    (pipeline/delay_compensation.py and gap_aware.py hold the reference tests of the rules),
+    beta_1 is reduced, and training differs from BOTH's (the correction is applied)."""
     from hetpipe_tf.pipeline.delay_compensation import DelayCompensatedPredictor
+    from hetpipe_tf.pipeline.gap_aware import GapAwarePredictor
 
+    kind = GapAwarePredictor if compensation == "both_ga" else DelayCompensatedPredictor
     adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
-    strategy, model, _, _ = _fit(2, 2, adam, "both_dc")
+    strategy, model, _, _ = _fit(2, 2, adam, compensation)
     stages = strategy.pipeline(model).versions.stages
-    assert all(isinstance(s.predictor, DelayCompensatedPredictor) for s in stages)
+    assert all(type(s.predictor) is kind for s in stages)
     assert [s.optimizer.beta_1 for s in stages] == [pytest.approx(0.8)] * 2
     dc = model.get_weights()
     assert all(np.isfinite(w).all() for w in dc)

@@ -77,6 +77,20 @@ def _split(x, sizes):
     return [tf.nest.pack_sequence_as(x, [p[i] for p in pieces]) for i in range(len(sizes))]
 
 
+def _add(x, y):
+    """x + y; for sparse gradients (an Embedding's IndexedSlices, which have no `+`) their
+    rows side by side, as TensorFlow aggregates them (the optimizer sums repeated rows)."""
+    if isinstance(x, tf.IndexedSlices) or isinstance(y, tf.IndexedSlices):
+        x, y = (t if isinstance(t, tf.IndexedSlices) else tf.IndexedSlices(
+            t, tf.range(tf.shape(t, out_type=tf.int64)[0]), tf.shape(t, out_type=tf.int64))
+            for t in (x, y))
+        return tf.IndexedSlices(tf.concat([x.values, y.values], 0),
+                                tf.concat([tf.cast(x.indices, tf.int64),
+                                           tf.cast(y.indices, tf.int64)], 0),
+                                x.dense_shape)
+    return x + y
+
+
 class _Adder:
     """Element-wise sums of tensor lists in one compiled call (None where a term is None)."""
 
@@ -84,7 +98,7 @@ class _Adder:
         self._fn = compiled_method(self._impl, reduce_retracing=True)
 
     def _impl(self, a, b):
-        return [x if y is None else y if x is None else x + y for x, y in zip(a, b)]
+        return [x if y is None else y if x is None else _add(x, y) for x, y in zip(a, b)]
 
     def __call__(self, a, b):
         if a is None:

@@ -55,6 +55,38 @@ def test_fit_equals_plain_keras(build, k, schedule, opt, remat):
     strategy.close()
 
 
+def _embedding_model():
+    keras.utils.set_random_seed(3)
+    x = keras.Input((6,), dtype="int32")
+    h = keras.layers.Embedding(20, 4, name="emb")(x)
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
+    h = keras.layers.Dense(8, activation="tanh", name="mid")(h)
+    return keras.Model(x, keras.layers.Dense(1, name="out")(h))
+
+
+@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_sparse_gradients_of_an_embedding_are_summed_over_micro_batches(schedule, opt):
+    """An Embedding's gradient is IndexedSlices, which has no `+`: the micro-batches' rows
+    are put side by side (as TensorFlow aggregates them) and equal plain Keras; they raised
+    a TypeError before."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 20, size=(32, 6))
+    y = rng.normal(size=(32, 1)).astype("float32")
+    strategy = HetPipeStrategy(plan=even_plan(_embedding_model(), DEVICES[:2], n_m=1),
+                               schedule=schedule, micro_batches=4)
+    with strategy.scope():
+        model = _embedding_model()
+        model.compile(OPTS[opt](), "mse")
+    ref = _embedding_model()
+    ref.compile(OPTS[opt](), "mse")
+    got = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    want = ref.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5, atol=1e-6)
+    assert_weights_close(model.get_weights(), ref.get_weights())
+    strategy.close()
+
+
 def test_schedule_is_exported_and_hetpipe_stays_default():
     assert hp.Schedule is Schedule
     strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=2))

@@ -56,6 +56,38 @@ def _spread(clocks: Sequence[int], retired: frozenset = frozenset()) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class Difference:
+    """A wave's update given as `now - base` (w_local at the wave's end and start), each
+    subtraction pinned to `devices[i]` (the VW's own device): `push` computes it inside
+    its own compiled call instead of a call of its own (docs/cluster_jobs.md, "Speed of
+    the wire")."""
+
+    now: tuple
+    base: tuple
+    devices: tuple[str, ...]
+
+
+def _arguments(deltas) -> tuple:
+    """(tensors, base, devices): a compiled call's arguments for `deltas` (tensors or a
+    `Difference`; flat, so that the call is keyed by shapes, `_deltas_ops` undoes it)."""
+    if isinstance(deltas, Difference):
+        return list(deltas.now), list(deltas.base), tuple(deltas.devices)
+    return list(deltas), None, None
+
+
+def _deltas_ops(tensors, base, devices) -> list:
+    """The deltas as tensors of the caller's graph (`tensors - base`, each on its device,
+    when `base` is given)."""
+    if base is None:
+        return list(tensors)
+    out = []
+    for a, b, device in zip(tensors, base, devices):
+        with tf.device(device):
+            out.append(a - b)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
 class Push:
     """One push as it was applied (for tests and the timeline)."""
 
@@ -99,6 +131,7 @@ class ParameterServers:
         self._at_global: tuple[list, tuple[int, ...]] | None = None
         self._add = compiled_method(self._add_impl, reduce_retracing=True)
         self._copy = compiled_method(self._copy_impl, reduce_retracing=True)
+        self._assign_all = compiled_method(self._assign_impl, reduce_retracing=True)
         self._read_all = compiled_method(self._read_impl)
         # Snapshots and pulls read every variable in one call hosted on the servers' task
         # when they share one (docs/cluster_jobs.md, "Speed of the wire"), instead of one
@@ -154,9 +187,8 @@ class ParameterServers:
         the largest (`wsp.clocks_at_run_start`: the workers behind have nothing left to
         push, so the run-start w_global holds all their waves)."""
         with self._cond:
-            if values is not None:
-                for v, x in zip(self.variables, values):
-                    v.assign(x)
+            if values is not None:   # one call, not one remote op per variable
+                self._assign_all(list(values))
             self._pushed = list(wsp.clocks_at_run_start(self._pushed))
             self._at_global = None
             self.run_start_clocks.append(tuple(self._pushed))
@@ -180,30 +212,38 @@ class ParameterServers:
         with tf.device(self._read_device):
             return list(self._read_all())
 
-    def _add_impl(self, deltas):
-        for v, d in zip(self.variables, deltas):
+    def _assign_impl(self, values):
+        for v, x in zip(self.variables, values):
+            with tf.device(v.device):
+                v.assign(x)
+
+    def _add_impl(self, tensors, base, devices):
+        for v, d in zip(self.variables, _deltas_ops(tensors, base, devices)):
             with tf.device(v.device):
                 v.assign_add(d)
 
-    def _copy_impl(self, deltas):
+    def _copy_impl(self, tensors, base, devices):
         out = []
-        for v, d in zip(self.variables, deltas):
+        for v, d in zip(self.variables, _deltas_ops(tensors, base, devices)):
             with tf.device(v.device):
                 out.append(tf.identity(d))
         with tf.device(self.variables[0].device), tf.control_dependencies(out):
             arrived = tf.identity(tf.constant(0))   # ready once every delta is there
         return out, arrived
 
-    def push(self, worker: int, wave: int, deltas: Sequence, final: bool = False) -> None:
-        """w_global += deltas (the aggregated update of `worker`'s wave `wave`; `final`: the
-        unfinished wave at the end of a run, not counted in the clock distance). A retired
-        worker's push is dropped."""
-        deltas = list(deltas)
+    def push(self, worker: int, wave: int, deltas: Sequence | Difference,
+             final: bool = False) -> None:
+        """w_global += deltas (the aggregated update of `worker`'s wave `wave`, as tensors
+        or a `Difference`, subtracted in the same compiled call as the add or, with
+        `settle_pushes`, the copy; `final`: the unfinished wave at the end of a run, not
+        counted in the clock distance). A retired worker's push is dropped."""
+        args = _arguments(deltas)
         if self.settle_pushes:
             if worker in self._retired:
                 return self._drop_push()
             # Outside the lock: a lost worker's deltas never arrive (module docstring).
-            deltas, arrived = self._copy(deltas)
+            copied, arrived = self._copy(*args)
+            args = (list(copied), None, None)
             arrived.numpy()
         with self._cond:
             if worker in self._retired:   # lost while its deltas were on their way
@@ -212,7 +252,7 @@ class ParameterServers:
                 raise RuntimeError(f"Worker {worker} pushed wave {wave} but its clock is "
                                    f"{self._pushed[worker]}: pushes must come in wave order.")
             before = self._global()
-            self._add(deltas)
+            self._add(*args)
             self._pushed[worker] = wave + 1
             if self._global() > before:   # copy-on-write: a copy only once written again
                 self._at_global = (self._read(), tuple(self._pushed))

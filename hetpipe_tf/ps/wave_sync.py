@@ -35,9 +35,10 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core import wsp
+from hetpipe_tf.pipeline import transport
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
-from hetpipe_tf.ps.server import ParameterServers, read_values
+from hetpipe_tf.ps.server import Difference, ParameterServers, read_values
 
 
 class WaveSync:
@@ -85,7 +86,13 @@ class WaveSync:
         self._base: list = []
         self._q: int | None = None   # the update that ended the wave being synced
         self._assign = compiled_method(self._assign_impl, reduce_retracing=True)
-        self._delta = compiled_method(self._delta_impl, reduce_retracing=True)
+        self._devices = tuple(v.device for v in self.local)   # where a push subtracts
+        # w_local read at run boundaries in one call hosted on its task when it has one
+        # (as ParameterServers' reads), instead of one remote eager op per variable.
+        self._read_all = compiled_method(self._read_impl)
+        tasks = {transport.task_of(d) for d in self._devices}
+        self._read_device = (self._devices[0]
+                             if len(tasks) == 1 and None not in tasks else None)
 
     # --- compiled helpers (each op on the variable's own device) -------------------------
     def _assign_impl(self, values):
@@ -93,12 +100,14 @@ class WaveSync:
             with tf.device(v.device):
                 v.assign(x)
 
-    def _delta_impl(self, now, base):
-        out = []
-        for v, a, b in zip(self.local, now, base):
-            with tf.device(v.device):
-                out.append(a - b)
-        return out
+    def _read_impl(self):
+        return read_values(self.local)
+
+    def _read_local(self) -> list:
+        if self._read_device is None:
+            return read_values(self.local)
+        with tf.device(self._read_device):
+            return list(self._read_all())
 
     @property
     def clock(self) -> int:
@@ -112,7 +121,7 @@ class WaveSync:
         w_local := w_global; waves are numbered on from the servers' clock of this VW."""
         values, vector = self.servers.pull()
         self._assign(values)
-        self._base = read_values(self.local)
+        self._base = self._read_local()
         self._vector = vector
         self._run_start = first
         self._since_push = 0
@@ -147,13 +156,15 @@ class WaveSync:
         """w_local right after the update that ended the wave (stages may already have
         applied later ones), or now at a run's end."""
         if self._weights is None or self._q is None:
-            return read_values(self.local)
+            return self._read_local()
         after = self._weights.state_after(self._q)
         return [after[id(v)] for v in self.local]
 
     def _push(self, wave: int, final: bool = False) -> None:
         state = self._state()
-        self.servers.push(self.worker, wave, self._delta(state, self._base), final)
+        # The delta is subtracted inside the push's call (one call, not two).
+        self.servers.push(self.worker, wave,
+                          Difference(tuple(state), tuple(self._base), self._devices), final)
         self._base = state
         self._since_push = 0
         self._waves_pushed = wave + 1
@@ -177,7 +188,7 @@ class WaveSync:
         values, vector = pulled
         if self._weights is None or self._q is None:
             self._assign(values)
-            self._base = read_values(self.local)
+            self._base = self._read_local()
         else:   # keep the local updates after the wave that stages already applied
             self._weights.rebase(self._q, {id(v): x for v, x in zip(self.local, values)})
             after = self._weights.state_after(self._q)

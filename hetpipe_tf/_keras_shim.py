@@ -152,6 +152,22 @@ def is_symbolic_tensor(value: Any) -> bool:
     return isinstance(value, keras.KerasTensor)
 
 
+def keras_mask(tensor: Any) -> Any:
+    """The Keras mask (Masking, Embedding(mask_zero=True), ...) a tensor carries, or None."""
+    # Reason: Keras 3 keeps masks as a private tensor attribute; no public getter.
+    from keras.src.backend.common.masking import get_keras_mask
+
+    return get_keras_mask(tensor)
+
+
+def set_keras_mask(tensor: Any, mask: Any) -> None:
+    """Attach a Keras mask to a tensor, as a layer's call does for its outputs: a tensor that
+    crossed a stage boundary (a tf.function's argument or result) has lost its mask."""
+    from keras.src.backend.common.masking import set_keras_mask as _set
+
+    _set(tensor, mask)
+
+
 # --- running a Functional model's graph the way Functional.call does ----------------------
 def outputs_struct(functional: keras.Model) -> Any:
     """The nesting of the model's outputs (list, dict, single tensor)."""

@@ -146,11 +146,17 @@ class _Builder:
         self.specs: dict[TensorRef, tuple[tuple[int, ...], str]] = {}  # per-sample shape, dtype
         self._calls: dict[int, int] = {}       # id(layer) -> its calls so far
         self._first: dict[int, str] = {}       # id(layer) -> the name of its first call
+        # Keras masks: a tensor's mask is another tensor of the graph (Keras records the ops
+        # that compute it, e.g. `not_equal`, as nodes), often made after the tensor itself.
+        self._mask_tensor: dict[TensorRef, Any] = {}   # ref -> its mask's KerasTensor
+        self._ref_of: dict[int, TensorRef] = {}        # id(KerasTensor) -> ref, every level
+        self.masks: dict[TensorRef, TensorRef] = {}     # ref -> its mask's ref
 
     def inline(self, functional: Any, input_refs: Sequence[TensorRef], prefix: str
                ) -> list[TensorRef]:
         """Add the calls of `functional` whose inputs are `input_refs`; its output refs."""
         refs = {id(t): r for t, r in zip(functional.inputs, input_refs)}
+        self._ref_of.update(refs)
         for event in _keras_shim.call_events(functional):
             op = event.operation
             opaque = ""
@@ -161,6 +167,9 @@ class _Builder:
                     outs = self.inline(inner, [refs[id(v)] for v in values],
                                        f"{prefix}{op.name}/")
                     refs.update((id(t), r) for t, r in zip(event.outputs, outs))
+                    self._ref_of.update((id(t), r) for t, r in zip(event.outputs, outs))
+                    for t, r in zip(event.outputs, outs):
+                        self._note_mask(r, t)
                     continue
                 opaque = f"nested model {prefix}{op.name} stays one node: {why}"
             elif isinstance(op, keras.Model):
@@ -189,6 +198,13 @@ class _Builder:
 
         structure = CallStructure(
             args=_map_leaves(event.args, to_ref), kwargs=_map_leaves(event.kwargs, to_ref))
+        # A layer reads its inputs' masks from the tensors themselves (Dense, Dropout...
+        # pass them on): the masks are inputs of the node too, so that they cross a cut
+        # with the tensor (`pipeline/program.py` attaches them again on the other side).
+        for ref in list(inputs):
+            mask = self.mask_of(ref, name)
+            if mask is not None and mask not in inputs:
+                inputs.append(mask)
         shapes, dtypes = self._output_specs(event, op, structure, inputs, name)
         weights = list(getattr(op, "weights", ()))
         trainable = list(getattr(op, "trainable_weights", ()))
@@ -206,6 +222,31 @@ class _Builder:
         for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
             self.specs[TensorRef(index, k)] = (shape, dtype)
             refs[id(event.outputs[k])] = TensorRef(index, k)
+            self._ref_of[id(event.outputs[k])] = TensorRef(index, k)
+            self._note_mask(TensorRef(index, k), event.outputs[k])
+
+    def _note_mask(self, ref: TensorRef, tensor: Any) -> None:
+        mask = _keras_shim.keras_mask(tensor)
+        if mask is not None:
+            self._mask_tensor[ref] = mask
+
+    def mask_of(self, ref: TensorRef, where: str) -> TensorRef | None:
+        """The ref of `ref`'s Keras mask (None: it has none); its KerasTensor must be a
+        tensor of the graph by the time a node (`where`) or the loss reads `ref`."""
+        if ref in self.masks:
+            return self.masks[ref]
+        tensor = self._mask_tensor.get(ref)
+        if tensor is None:
+            return None
+        mask = self._ref_of.get(id(tensor))
+        if mask is None:
+            raise ValueError(
+                "A Keras mask must be computed by the model's graph for the pipeline to carry "
+                f"it between stages. Received: the mask of a tensor {where} reads, made by "
+                "no recorded call; compute the mask with layers of the model (e.g. "
+                "Embedding(mask_zero=True) or Masking) or pass the padding as sample_weight.")
+        self.masks[ref] = mask
+        return mask
 
     def _output_specs(self, event: Any, op: Any, structure: CallStructure,
                       inputs: Sequence[TensorRef], name: str
@@ -266,6 +307,10 @@ class LayerGraph:
     input_dtypes: tuple[str, ...]
     outputs: tuple[TensorRef, ...]
     _layers: tuple[Any, ...] = dataclasses.field(compare=False, repr=False)
+    # Tensor -> the tensor holding its Keras mask (Masking, Embedding(mask_zero=True));
+    # a node that reads a masked tensor reads its mask too (it is in `inputs`).
+    masks: Mapping[TensorRef, TensorRef] = dataclasses.field(default_factory=dict,
+                                                             compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Last consumer of each tensor: every cut query below is answered from it.
@@ -310,6 +355,8 @@ class LayerGraph:
             input_dtypes.append(_dtype_name(tensor.dtype))
             builder.specs[TensorRef(-1 - k, 0)] = (input_shapes[-1], input_dtypes[-1])
         outputs = builder.inline(functional, input_refs, prefix="")
+        for ref in outputs:   # the loss and metrics read the outputs' masks
+            builder.mask_of(ref, "the loss")
         return cls(
             model_name=model.name,
             nodes=tuple(builder.nodes),
@@ -317,6 +364,7 @@ class LayerGraph:
             input_dtypes=tuple(input_dtypes),
             outputs=tuple(outputs),
             _layers=tuple(builder.layers),
+            masks=dict(builder.masks),
         )
 
     def __len__(self) -> int:

@@ -10,6 +10,10 @@ module adds only what running the graph in stages needs:
   (the model inputs the graph reads), `cut(L - 1)` is what the last stage emits (the model
   outputs). Skip connections that jump over a stage pass through it unchanged.
 - Feeding the model's inputs to stage 0 and packing y_pred as Keras' Functional does.
+- Keras masks (Masking, Embedding(mask_zero=True)): a tensor's mask is a tensor of the
+  graph (`LayerGraph.masks`) that crosses a cut with it; a stage attaches it again to the
+  tensor before its nodes read it (a tf.function's arguments carry no mask), and y_pred
+  gets its outputs' masks, which Keras' losses and metrics read.
 - Refusing a split that puts the calls of one shared layer with non-trainable state in
   different stages (tied trainable weights may be split: `tied.py`).
 """
@@ -88,6 +92,10 @@ class Program:
         else:  # after the last node: nothing is read any more
             crossing = set()
         crossing.update(r for r in graph.outputs if r.node <= i)
+        # A crossing tensor's mask goes with it if it exists by then (else a later stage
+        # computes it from what crosses, as the model does).
+        crossing.update(graph.masks[r] for r in list(crossing)
+                        if r in graph.masks and graph.masks[r].node <= i)
         return tuple(sorted(crossing))
 
     def stage_layers(self, first: int, last: int) -> list:
@@ -117,7 +125,11 @@ class Program:
     def run(self, first: int, last: int, env: MutableMapping[TensorRef, Any],
             training: bool) -> None:
         """Call nodes first..last, reading their inputs from and writing outputs to `env`."""
+        masks = self.graph.masks
         for i in range(first, last + 1):
+            for r in self.graph.nodes[i].inputs:
+                if r in masks and masks[r] in env and _keras_shim.keras_mask(env[r]) is None:
+                    _keras_shim.set_keras_mask(env[r], env[masks[r]])
             for k, y in enumerate(self.graph.call_node(i, env, training=training)):
                 env[TensorRef(i, k)] = y
 
@@ -132,6 +144,10 @@ class Program:
         model's outputs and unpacked when single, as Keras' Functional returns it."""
         by_ref = dict(zip(self._output_refs, flat))
         outputs = [by_ref[r] for r in self.graph.outputs]
+        masks = self.graph.masks
+        for r, y in zip(self.graph.outputs, outputs):
+            if r in masks and _keras_shim.keras_mask(y) is None:
+                _keras_shim.set_keras_mask(y, by_ref[masks[r]])
         packed = keras.tree.pack_sequence_as(_keras_shim.outputs_struct(self._functional),
                                              outputs)
         if isinstance(packed, (list, tuple)) and len(packed) == 1:  # Functional's unpack_singleton

@@ -160,7 +160,20 @@ def build_training(extended, model, data) -> Training:
     per_output = closs is not None and bool(closs.metrics)
 
     @tf.function(reduce_retracing=not per_output)
+    def update_with_masks(loss, y, y_pred, sample_weight, masks):
+        # y_pred's Keras masks (Masking, mask_zero) do not pass a tf.function's boundary:
+        # they come as an argument of their own and are attached again, so that the
+        # metrics weigh the masked steps out as in Keras' own train step.
+        for t, m in zip(keras.tree.flatten(y_pred), masks):
+            if m is not None:
+                _keras_shim.set_keras_mask(t, m)
+        return update_metrics_body(loss, y, y_pred, sample_weight)
+
     def update_metrics(loss, y, y_pred, sample_weight):
+        masks = [_keras_shim.keras_mask(t) for t in keras.tree.flatten(y_pred)]
+        return update_with_masks(loss, y, y_pred, sample_weight, masks)
+
+    def update_metrics_body(loss, y, y_pred, sample_weight):
         batch = tf.shape(keras.tree.flatten(y_pred)[0])[0]
         _keras_shim.loss_tracker(model).update_state(loss, sample_weight=batch)
         if per_output:

@@ -102,11 +102,6 @@ def check_model(model, strategy) -> None:
                 "The pipeline runtime cannot place state carried across minibatches "
                 f"(stateful=True). Received: layer {layer.name!r} ({type(layer).__name__}) "
                 "with stateful=True; use stateful=False.")
-        if getattr(layer, "mask_zero", False):
-            raise ValueError(
-                "The pipeline runtime does not carry Keras masks between stages. Received: "
-                f"layer {layer.name!r} with mask_zero=True; use mask_zero=False (mask in the "
-                "loss with sample weights instead).")
 
 
 def _check_compile(model) -> None:

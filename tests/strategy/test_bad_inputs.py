@@ -85,7 +85,7 @@ def test_plan_that_does_not_match_the_model():
     _fit_raises(model, "does not match the model")
 
 
-@pytest.mark.parametrize("bad", ["stateful", "mask", "shared"])
+@pytest.mark.parametrize("bad", ["stateful", "shared"])   # masks train: test_masks.py
 def test_layers_the_runtime_cannot_place(bad):
     # "shared": a hand-made plan that puts the two calls of a layer with moving statistics
     # in two stages (tied trainable weights may be split: test_nested_models.py).
@@ -97,11 +97,6 @@ def test_layers_the_runtime_cannot_place(bad):
             inp = keras.Input((3, 8), batch_size=8)
             h = keras.layers.SimpleRNN(4, stateful=True)(inp)
             match = "stateful=True"
-        elif bad == "mask":
-            inp = keras.Input((3,))
-            h = keras.layers.Embedding(10, 4, mask_zero=True)(inp)
-            h = keras.layers.Flatten()(h)
-            match = "mask_zero=True"
         else:
             inp = keras.Input((8,))
             shared = keras.layers.BatchNormalization(name="shared")   # state beyond weights

@@ -13,14 +13,17 @@ cluster changes a process's TensorFlow context for good); both see the same 2-co
 
 Throughput is minibatches per second of one fit of N minibatches (one run: it includes the
 run's start and end, w_global seeded from the model and the last pull, as a user's epoch
-does), after a fit that builds and traces everything. Bytes are the TCP counters of every
+does), after a fit of N that builds and traces everything (the functions still traced in
+the timed fit are counted and printed). Bytes are the TCP counters of every
 process's sockets (`ss -tinp`, iproute2) over that fit, per link (two tasks; both directions
 summed), per minibatch (the run's boundaries included, so at least the minimum). CPU ms
 is the CPU time (user + system, /proc) per minibatch of every process of the mode (the
 chief and the 3 servers; the one process): what the gRPC path costs in work, which on one
 machine competes with the compute for the same cores. (A slope
 over fits of N and 3N was tried: on the shared cores it came out negative now and then.)
-The minimum is what WSP needs:
+Calls per minibatch are what the chief (and the one process) asked TensorFlow to run
+during the timed fit: compiled calls, eager ops and host reads (`.numpy()`); on the chief
+nearly each is a remote request and its reply. The minimum is what WSP needs:
 on a VW's link to the ps, one push and one pull of the VW's parameters per wave of N_m
 minibatches (2 x model bytes / N_m per minibatch of that VW, times the share of the
 job's minibatches it took); on the chief's link to a worker, the input
@@ -52,6 +55,8 @@ _D = flags.DEFINE_integer("clock_distance", 1, "WSP clock distance D.", lower_bo
 _MINIBATCHES = flags.DEFINE_integer("minibatches", 64, "N: the timed fit's minibatches.",
                                     lower_bound=2)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
+_CALLS_BY_OP = flags.DEFINE_bool("calls_by_op", False, "Also list the calls per minibatch "
+                                  "of each op or compiled function.")
 _MODE = flags.DEFINE_enum("mode", None, ["cluster", "local"], "Internal: measure one mode "
                           "in this process and print its figures as JSON.")
 
@@ -106,6 +111,70 @@ def cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _caller() -> str:
+    f = sys._getframe(3)   # past count() and the patched function
+    while f is not None and re.search(r"/(tensorflow|keras|absl)/|compiled\.py|_keras_shim",
+                                      f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return "?"
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
+
+
+class CallCounter:
+    """Counts what this process asks TensorFlow to run while `counting`: compiled calls
+    (`execute.execute`, which every function call and slow-path op goes through), eager ops
+    (the generated ops' fast path) and host reads (`.numpy()`), each by op name. On the
+    chief of a cluster job nearly each is a remote call (a request and a wait)."""
+
+    def __init__(self):
+        from tensorflow.python import pywrap_tfe
+        from tensorflow.python.eager import execute
+        from tensorflow.python.framework import func_graph, ops
+        self.counts: dict[tuple[str, str], int] = {}
+        self.counting = False
+        self.where = False   # also key by the calling line outside TensorFlow and Keras
+        fast, slow, numpy = (pywrap_tfe.TFE_Py_FastPathExecute, execute.execute,
+                             ops._EagerTensorBase.numpy)
+        trace = func_graph.func_graph_from_py_func
+
+        def count(kind: str, name) -> None:
+            if self.counting:
+                name = name if isinstance(name, str) else str(name)
+                if self.where:
+                    name += " @ " + _caller()
+                key = (kind, name)
+                self.counts[key] = self.counts.get(key, 0) + 1
+
+        def fast_path(*args):
+            count("eager op", args[1])
+            return fast(*args)
+
+        def execute_(op_name, *args, **kwargs):
+            kind = "compiled" if op_name.startswith("__inference") else "eager op"
+            count(kind, re.sub(r"_\d+$", "", op_name))
+            return slow(op_name, *args, **kwargs)
+
+        def numpy_(tensor):
+            count("host read", "numpy")
+            return numpy(tensor)
+
+        def trace_(name, *args, **kwargs):
+            count("trace", name)
+            return trace(name, *args, **kwargs)
+
+        pywrap_tfe.TFE_Py_FastPathExecute = fast_path
+        func_graph.func_graph_from_py_func = trace_
+        execute.execute = execute.quick_execute = execute_
+        ops._EagerTensorBase.numpy = numpy_
+
+    def by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (kind, _), c in self.counts.items():
+            out[kind] = out.get(kind, 0) + c
+        return out
+
+
 def _model(keras, width: int, name: str):
     inp = keras.Input((FEATURES,))
     h = inp
@@ -127,6 +196,8 @@ def _measure(mode: str, cluster_json: str | None) -> list[dict]:
     from hetpipe_tf.strategy import HetPipeStrategy, even_plan
 
     tasks: dict[int, str] = {}
+    counter = CallCounter()
+    counter.where = _CALLS_BY_OP.value
     if mode == "cluster":
         info = json.loads(cluster_json)
         spec = info["cluster"]
@@ -154,16 +225,21 @@ def _measure(mode: str, cluster_json: str | None) -> list[dict]:
                 model = _model(keras, width, "mlp")
                 model.compile(keras.optimizers.Adam(1e-4),
                               keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            warm = max(2, n // 4)
-            model.fit(x[:warm * bs], y[:warm * bs], batch_size=bs, verbose=0)   # build, trace
+            # Build and trace: a fit as long as the timed one, so that it also meets the
+            # variants a pull's rebase is traced for (one per number of later versions it
+            # moves; a shorter fit left 3 traces, ~0.1 s of the chief, in the timed one).
+            model.fit(x, y, batch_size=bs, verbose=0)
             coord = strategy.coordinator(model)
             taken0 = [len(a) for a in coord.assignment]
             b0 = link_bytes(tasks) if tasks else {}
             pids = list(tasks) or [os.getpid()]
             c0 = [cpu_seconds([p]) for p in pids]
+            counter.counts.clear()
+            counter.counting = True
             t0 = time.perf_counter()
             model.fit(x, y, batch_size=bs, verbose=0)
             dt = time.perf_counter() - t0
+            counter.counting = False
             cpu = [cpu_seconds([p]) - c for p, c in zip(pids, c0)]
             b1 = link_bytes(tasks) if tasks else {}
             share = [(len(a) - t) / n for a, t in zip(coord.assignment, taken0)]
@@ -173,6 +249,11 @@ def _measure(mode: str, cluster_json: str | None) -> list[dict]:
                             "cpu_by_task": {tasks.get(p, "process"): c / n * 1e3
                                             for p, c in zip(pids, cpu)},
                             "links": links, "share": share,
+                            "calls": {k: c / n for k, c in counter.by_kind().items()
+                                      if k != "trace"},
+                            "traces": counter.by_kind().get("trace", 0),
+                            "calls_by_op": {f"{k} {o}": c / n
+                                            for (k, o), c in counter.counts.items()},
                             "input_bytes": bs * (FEATURES * 4 + 8)})
             strategy.close()
             del model, strategy
@@ -183,7 +264,8 @@ def _child(mode: str, extra: list[str]) -> list[dict]:
     args = [sys.executable, "-m", "benchmarks.wire_speed", f"--mode={mode}",
             f"--params={','.join(_PARAMS.value)}", f"--n_m={','.join(_N_M.value)}",
             f"--clock_distance={_D.value}", f"--minibatches={_MINIBATCHES.value}",
-            f"--batch_size={_BATCH_SIZE.value}", *extra]
+            f"--batch_size={_BATCH_SIZE.value}", f"--calls_by_op={_CALLS_BY_OP.value}",
+            *extra]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -243,6 +325,15 @@ def main(argv: list[str]) -> None:
             head = " " * len(head)
         print(" " * 16 + "cluster CPU ms by task: " + ", ".join(
             f"{t} {ms:.1f}" for t, ms in sorted(b["cpu_by_task"].items())))
+        for mode, r in (("chief", b), ("one process", a)):
+            calls = r["calls"]
+            print(" " * 16 + f"{mode} calls per minibatch: {sum(calls.values()):.1f} ("
+                  + ", ".join(f"{k} {calls.get(k, 0.0):.1f}"
+                              for k in ("compiled", "eager op", "host read"))
+                  + f"); functions traced in the timed fit: {r['traces']}")
+            if _CALLS_BY_OP.value:
+                for op, c in sorted(r["calls_by_op"].items(), key=lambda kv: -kv[1]):
+                    print(" " * 20 + f"{c:7.2f}  {op}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """benchmarks/wire_speed.py end to end on real server processes, tiny setting: one table
 row group per (model, N_m) with both throughputs and their ratio, and each worker's link
 to the ps carrying at least what WSP needs (one push and one pull of the VW's parameters
-a wave). No timing assertions (the figures come from one run of the binary)."""
+a wave), and the calls per minibatch of the chief and of the one process. No timing
+assertions (the figures come from one run of the binary)."""
 
 import re
 
@@ -28,8 +29,18 @@ def test_table_and_bytes_against_the_wsp_minimum():
     assert len(by_task) == 1, proc.stdout
     for task in ("chief", "ps0", "worker0", "worker1"):
         assert re.search(rf"\b{task} [\d.]+", by_task[0]), by_task[0]
+    calls = [line for line in lines[3:] if "calls per minibatch:" in line]
+    assert [c.split(" calls")[0].strip() for c in calls] == ["chief", "one process"], calls
+    for c in calls:
+        m = re.search(r"calls per minibatch: ([\d.]+) \(compiled ([\d.]+), eager op "
+                      r"([\d.]+), host read ([\d.]+)\); functions traced in the timed "
+                      r"fit: (\d+)$", c)
+        assert m, c
+        # Every minibatch makes at least its stage's call and the Keras step's.
+        assert float(m.group(2)) >= 2 and abs(float(m.group(1)) - sum(
+            float(m.group(i)) for i in (2, 3, 4))) <= 0.3, c   # each figure rounded
     for line in lines[3:]:
-        if line in by_task:
+        if line in by_task or line in calls:
             continue
         m = _LINK.match(line)
         assert m, line

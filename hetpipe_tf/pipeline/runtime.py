@@ -301,7 +301,13 @@ class PipelineRuntime(ThreadedExecutor):
             else:
                 wg, in_grads, loss, outputs, deltas, _ = stage.forward_backward(
                     tvals, nvals, inputs, mb.y, mb.sample_weight)
-                total = loss if extra is None else loss + extra
+                # On the stage's device, never the caller's default: in a cluster job the
+                # chief ran `loss + extra` itself, and its kernel waiting for a loss from a
+                # frozen task held one of the chief's few inter-op threads for good; with
+                # Keras' step holding the other, no VW's chief-side work (metrics, optimizer
+                # counter) ran any more (docs/cluster_jobs.md "Going on without a lost VW" 6).
+                with tf.device(stage.device):
+                    total = loss if extra is None else loss + extra
                 with self._metrics_lock, tf.device(stage.device):
                     logs = self._update_metrics(
                         total, mb.y, stage.program.pack_outputs(outputs), mb.sample_weight)

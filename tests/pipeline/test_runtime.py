@@ -49,3 +49,45 @@ def test_submit_returns_with_n_m_in_flight_and_the_next_one_waits():
     starts = {e.task.minibatch: e.start for e in runtime.trace}
     assert starts[first] < starts[first + 1] < starts[first + 2]
     strategy.close()
+
+
+def test_several_vws_add_the_last_stages_loss_and_extra_on_that_stages_device():
+    """With several VWs the last stage's total loss (its loss + the earlier stages' added
+    losses) is made on that stage's device, never on the caller's default device: in a
+    cluster job that default is the chief, whose kernel waiting for a frozen task's loss
+    held one of its few inter-op threads for good and starved every other VW
+    (docs/cluster_jobs.md "Going on without a lost VW" 6)."""
+    import keras
+
+    from hetpipe_tf.strategy import HetPipeStrategy, even_plan
+    from tests.strategy.helpers import DEVICES, skip_model
+
+    x, y = regression_data(32, 3)
+    probe = skip_model(0)
+    # VW 0 on CPU:1 + CPU:2, VW 1 on CPU:3 + CPU:1: no last stage on the default CPU:0.
+    plans = [even_plan(probe, [DEVICES[1], DEVICES[2]], n_m=1),
+             even_plan(probe, [DEVICES[3], DEVICES[1]], n_m=1)]
+    strategy = HetPipeStrategy(plan=plans, clock_distance=0)
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+    model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)   # builds the runtimes
+    seen = []
+    coord = strategy.coordinator(model)
+    originals = [rt._update_metrics for rt in coord.runtimes]
+    for rt, update in zip(coord.runtimes, originals):
+
+        def recording(total, y_, y_pred, sw, update=update, last=rt.stages[-1].device):
+            seen.append((total.device, last))
+            return update(total, y_, y_pred, sw)
+
+        rt._update_metrics = recording
+    try:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    finally:
+        for rt, update in zip(coord.runtimes, originals):
+            rt._update_metrics = update
+    assert len(seen) == 4 and all(not rt._fuse_metrics for rt in coord.runtimes), seen
+    for device, last in seen:
+        assert tf.DeviceSpec.from_string(device) == tf.DeviceSpec.from_string(last), seen
+    strategy.close()

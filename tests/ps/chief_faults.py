@@ -3,7 +3,9 @@ connecting to a cluster changes the process's TensorFlow context for good).
 
 argv[1]: JSON {"cluster": {...}, "victim_pid": int, "signal": "SIGKILL" | "SIGSTOP" |
 null, "on_fault": "stop" | "continue", "timeout_s": float, "at_batch": int,
-"epochs": int, "checkpoint": path or absent, "plans": [[device, ...] per VW] or absent}.
+"epochs": int, "checkpoint": path or absent, "plans": [[device, ...] per VW] or absent,
+"hang_dump_s": seconds before the stack dump of a hang (150 if absent), "stall_dump_s":
+the same counted from fit's last batch (absent: none)}.
 Runs as the chief task of TF_CONFIG (HetPipeStrategy connects it), trains 2 one-stage VWs
 (NP allocation, one per worker task, w_global on the ps task; with "plans", one VW per
 list, its layers split evenly over those devices), sends the
@@ -29,10 +31,15 @@ import numpy as np  # noqa: E402
 
 
 def main() -> None:
-    # A hang prints every thread's stack to stderr and exits, well before the test's own
-    # 300 s limit, so the test fails with the stacks instead of a bare timeout.
-    faulthandler.dump_traceback_later(150, exit=True)
     args = json.loads(sys.argv[1])
+    # A hang prints every thread's stack to stderr and exits, well before the test's own
+    # 300 s limit, so the test fails with the stacks instead of a bare timeout. With
+    # "stall_dump_s", fit's batches re-arm the dump with that shorter delay: a hang in fit
+    # then costs stall_dump_s after the last batch, not the whole limit, while a slow but
+    # moving run on a loaded machine is never cut short.
+    hang_s = args.get("hang_dump_s", 150)
+    faulthandler.dump_traceback_later(hang_s, exit=True)
+    stall_s = args.get("stall_dump_s")
     os.environ["TF_CONFIG"] = json.dumps({"cluster": args["cluster"],
                                           "task": {"type": "chief", "index": 0}})
     import hetpipe_tf as hp
@@ -63,6 +70,8 @@ def main() -> None:
 
     class Inject(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
+            if stall_s:
+                faulthandler.dump_traceback_later(stall_s, exit=True)
             if batch == args["at_batch"] and not sent and args.get("signal"):
                 os.kill(args["victim_pid"], getattr(signal, args["signal"]))
                 sent["t"] = time.monotonic()
@@ -73,6 +82,9 @@ def main() -> None:
 
         def on_epoch_end(self, epoch, logs=None):
             epoch_weights.append(float(sum(np.abs(w).sum() for w in model.get_weights())))
+
+        def on_train_end(self, logs=None):   # evaluate, its tracing, close: the long delay
+            faulthandler.dump_traceback_later(hang_s, exit=True)
 
     callbacks = [Inject()]
     if args.get("checkpoint"):

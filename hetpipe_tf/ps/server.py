@@ -135,10 +135,12 @@ class ParameterServers:
         self._read_all = compiled_method(self._read_impl)
         # Snapshots and pulls read every variable in one call hosted on the servers' task
         # when they share one (docs/cluster_jobs.md, "Speed of the wire"), instead of one
-        # remote eager op each; several tasks or this process: `read_values`.
+        # remote eager op each; in one call of this process when all are here (local
+        # mode); several tasks: `read_values`.
         tasks = {transport.task_of(v.device) for v in self.variables}
         self._read_device = (self.variables[0].device
                              if len(tasks) == 1 and None not in tasks else None)
+        self._read_here = tasks == {None}
 
     # --- clocks -------------------------------------------------------------------------
     @property
@@ -207,6 +209,8 @@ class ParameterServers:
 
     def _read(self) -> list:
         """`read_values(self.variables)`, in one remote call where possible (__init__)."""
+        if self._read_here:
+            return list(self._read_all())
         if self._read_device is None:
             return read_values(self.variables)
         with tf.device(self._read_device):

@@ -87,12 +87,14 @@ class WaveSync:
         self._q: int | None = None   # the update that ended the wave being synced
         self._assign = compiled_method(self._assign_impl, reduce_retracing=True)
         self._devices = tuple(v.device for v in self.local)   # where a push subtracts
-        # w_local read at run boundaries in one call hosted on its task when it has one
-        # (as ParameterServers' reads), instead of one remote eager op per variable.
+        # w_local read at run boundaries in one call hosted on its task when it has one,
+        # in this process when all of it is here (as ParameterServers' reads), instead of
+        # one eager op per variable.
         self._read_all = compiled_method(self._read_impl)
         tasks = {transport.task_of(d) for d in self._devices}
         self._read_device = (self._devices[0]
                              if len(tasks) == 1 and None not in tasks else None)
+        self._read_here = tasks == {None}
 
     # --- compiled helpers (each op on the variable's own device) -------------------------
     def _assign_impl(self, values):
@@ -104,6 +106,8 @@ class WaveSync:
         return read_values(self.local)
 
     def _read_local(self) -> list:
+        if self._read_here:
+            return list(self._read_all())
         if self._read_device is None:
             return read_values(self.local)
         with tf.device(self._read_device):

@@ -76,7 +76,9 @@ class HetPipeStrategy(tf.distribute.Strategy):
         staleness implies; `Compensation.BOTH` does both; `Compensation.AVERAGE` scales
         each of N VWs' learning rate by 1/N (averaged, not summed, updates);
         `Compensation.ALL` is BOTH and AVERAGE; `Compensation.BOTH_DC` is BOTH with each
-        stage gradient delay-compensated (DC-ASGD). A Compensation or its name.
+        stage gradient delay-compensated (DC-ASGD); `Compensation.BOTH_GA` is BOTH with
+        each stage gradient divided by its staleness gap (Gap-Aware). A Compensation or
+        its name.
       data_parallel: `DataParallel.WSP` (or "wsp"): the layouts above. `DataParallel.HETSEQ`
         (or "hetseq"): every device of `cluster` holds the whole model and takes a share of
         each batch by its speed, one synchronous update per batch (docs/hetseq.md); with

@@ -50,6 +50,32 @@ def read_values(variables: Sequence[tf.Variable]) -> list:
     return out
 
 
+class VariableReader:
+    """`read_values(variables)` in as few calls as their devices allow: one compiled call
+    hosted on their task when they share a remote one, one compiled call in this process
+    when all are here (local mode), else one eager read each (docs/cluster_jobs.md,
+    "Speed of the wire")."""
+
+    def __init__(self, variables: Sequence[tf.Variable]):
+        self.variables = list(variables)
+        self._read_all = compiled_method(self._read_impl)
+        tasks = {transport.task_of(v.device) for v in self.variables}
+        self._here = tasks == {None}
+        self._device = (self.variables[0].device
+                        if len(tasks) == 1 and None not in tasks else None)
+
+    def _read_impl(self):
+        return read_values(self.variables)
+
+    def __call__(self) -> list:
+        if self._here:
+            return list(self._read_all())
+        if self._device is None:
+            return read_values(self.variables)
+        with tf.device(self._device):
+            return list(self._read_all())
+
+
 def _spread(clocks: Sequence[int], retired: frozenset = frozenset()) -> int:
     live = [c for w, c in enumerate(clocks) if w not in retired]
     return max(live) - min(live)
@@ -132,15 +158,8 @@ class ParameterServers:
         self._add = compiled_method(self._add_impl, reduce_retracing=True)
         self._copy = compiled_method(self._copy_impl, reduce_retracing=True)
         self._assign_all = compiled_method(self._assign_impl, reduce_retracing=True)
-        self._read_all = compiled_method(self._read_impl)
-        # Snapshots and pulls read every variable in one call hosted on the servers' task
-        # when they share one (docs/cluster_jobs.md, "Speed of the wire"), instead of one
-        # remote eager op each; in one call of this process when all are here (local
-        # mode); several tasks: `read_values`.
-        tasks = {transport.task_of(v.device) for v in self.variables}
-        self._read_device = (self.variables[0].device
-                             if len(tasks) == 1 and None not in tasks else None)
-        self._read_here = tasks == {None}
+        # Snapshots and pulls read every variable in one call where the devices allow.
+        self._read = VariableReader(self.variables)
 
     # --- clocks -------------------------------------------------------------------------
     @property
@@ -204,18 +223,6 @@ class ParameterServers:
             self._cond.notify_all()
 
     # --- push and pull ------------------------------------------------------------------
-    def _read_impl(self):
-        return read_values(self.variables)
-
-    def _read(self) -> list:
-        """`read_values(self.variables)`, in one remote call where possible (__init__)."""
-        if self._read_here:
-            return list(self._read_all())
-        if self._read_device is None:
-            return read_values(self.variables)
-        with tf.device(self._read_device):
-            return list(self._read_all())
-
     def _assign_impl(self, values):
         for v, x in zip(self.variables, values):
             with tf.device(v.device):

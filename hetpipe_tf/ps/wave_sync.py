@@ -35,10 +35,9 @@ from typing import Sequence
 import tensorflow as tf
 
 from hetpipe_tf.core import wsp
-from hetpipe_tf.pipeline import transport
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
-from hetpipe_tf.ps.server import Difference, ParameterServers, read_values
+from hetpipe_tf.ps.server import Difference, ParameterServers, VariableReader
 
 
 class WaveSync:
@@ -87,31 +86,14 @@ class WaveSync:
         self._q: int | None = None   # the update that ended the wave being synced
         self._assign = compiled_method(self._assign_impl, reduce_retracing=True)
         self._devices = tuple(v.device for v in self.local)   # where a push subtracts
-        # w_local read at run boundaries in one call hosted on its task when it has one,
-        # in this process when all of it is here (as ParameterServers' reads), instead of
-        # one eager op per variable.
-        self._read_all = compiled_method(self._read_impl)
-        tasks = {transport.task_of(d) for d in self._devices}
-        self._read_device = (self._devices[0]
-                             if len(tasks) == 1 and None not in tasks else None)
-        self._read_here = tasks == {None}
+        # w_local read at run boundaries in one call where its devices allow.
+        self._read_local = VariableReader(self.local)
 
     # --- compiled helpers (each op on the variable's own device) -------------------------
     def _assign_impl(self, values):
         for v, x in zip(self.local, values):
             with tf.device(v.device):
                 v.assign(x)
-
-    def _read_impl(self):
-        return read_values(self.local)
-
-    def _read_local(self) -> list:
-        if self._read_here:
-            return list(self._read_all())
-        if self._read_device is None:
-            return read_values(self.local)
-        with tf.device(self._read_device):
-            return list(self._read_all())
 
     @property
     def clock(self) -> int:

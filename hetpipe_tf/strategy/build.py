@@ -37,8 +37,8 @@ from hetpipe_tf.strategy.hetseq import (build_hetseq, split_shares, splits_batch
                                         synchronous_hetseq, whole_batch_note)
 from hetpipe_tf.strategy.compensation import optimizer_adjustment, predictor_factory
 from hetpipe_tf.strategy.remote_guard import GuardedPipelineRuntime, guard_for
-from hetpipe_tf.strategy.validation import (check_batch, check_model, check_n_m, check_plan,
-                                            check_plans)
+from hetpipe_tf.strategy.validation import (check_batch, check_inter_op_threads, check_model,
+                                            check_n_m, check_plan, check_plans)
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +241,12 @@ def build_training(extended, model, data) -> Training:
             make_runtime=sync_schedules.runtime_factory(extended, update_metrics),
             fresh_pulls=extended.fresh_pulls, strategy=strategy, adjust=adjust,
             predictor=predictor, faults=getattr(extended, "faults", None))
+    if not isinstance(runtime, InGraphRuntime):   # its threads wait on Keras' step
+        try:
+            check_inter_op_threads()
+        except ValueError:
+            runtime.close()
+            raise
     extended._runtime_threads.update(runtime.thread_ids)
 
     def get_metrics_result():

@@ -4,6 +4,7 @@ and how to fix it."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable
 
 import keras
@@ -303,3 +304,29 @@ def _given_cluster(model):
     if isinstance(given, dict) and "hosts" in given:
         return Cluster.from_dict(given)
     return None
+
+
+def inter_op_threads() -> int:
+    """The threads of TensorFlow's inter-op pool: the configured number, or (0, the
+    default) the CPUs this process may run on, as TensorFlow picks."""
+    n = tf.config.threading.get_inter_op_parallelism_threads()
+    if n:
+        return n
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # not Linux
+        return os.cpu_count() or 1
+
+
+def check_inter_op_threads() -> None:
+    """A threaded pipeline needs 2 inter-op threads: Keras' train step holds one while its
+    `submit` waits for room in the pipeline, and the stages' work needs another (with one,
+    several VWs, or one VW at N_m > 1, hung at the first batch; docs/validation.md)."""
+    n = inter_op_threads()
+    if n < 2:
+        raise ValueError(
+            "A pipelined fit needs TensorFlow's inter-op thread pool to have at least 2 "
+            "threads (Keras' step holds one while it waits for the pipeline). Received: "
+            f"inter_op_parallelism_threads={tf.config.threading.get_inter_op_parallelism_threads()}"
+            f" ({n} thread(s)); call tf.config.threading.set_inter_op_parallelism_threads(2) "
+            "before TensorFlow starts (also on a 1-CPU machine).")

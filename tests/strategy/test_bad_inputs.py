@@ -1,5 +1,7 @@
 """Bad input raises a clear ValueError before training starts (nothing half-trained)."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -239,3 +241,47 @@ def test_trainable_changed_without_compile_then_a_retrace(k):
               verbose=0)
     assert_weights_close(model.layers[1].get_weights(), frozen, atol=0)
     strategy.close()
+
+
+_ONE_INTER_OP_THREAD = """
+import sys
+import tensorflow as tf
+tf.config.threading.set_inter_op_parallelism_threads(1)
+cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, numpy as np
+import hetpipe_tf as hp
+stages = int(sys.argv[1])
+strategy = hp.HetPipeStrategy(hp.Cluster.local(["LOCAL_CPU"] * stages), n_m=stages)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+x = np.ones((16, 4), "float32")
+try:
+    model.fit(x, x[:, :1], batch_size=8, verbose=0)
+    print("TRAINED")
+except ValueError as e:
+    print("REFUSED", e)
+"""
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_a_threaded_pipeline_with_one_inter_op_thread_is_refused_not_hung(stages):
+    """Keras' step holds an inter-op thread while the pipeline works: with a pool of one,
+    a threaded pipeline hung at its first batch; one stage at N_m = 1 runs inside Keras'
+    step and trains. A subprocess (the pool is set before TensorFlow starts), killed by
+    `subprocess.run`'s timeout if it hangs."""
+    import subprocess
+    import sys
+
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", _ONE_INTER_OP_THREAD, str(stages)],
+                          cwd=root, capture_output=True, text=True, timeout=240)
+    if stages == 1:
+        assert "TRAINED" in proc.stdout, proc.stderr[-3000:]
+    else:
+        assert re.search(r"REFUSED A pipelined fit needs TensorFlow's inter-op thread pool "
+                         r"to have at least 2 threads.*Received: "
+                         r"inter_op_parallelism_threads=1", proc.stdout), proc.stderr[-3000:]

@@ -124,19 +124,16 @@ def _caller() -> str:
 class CallCounter:
     """Counts what this process asks TensorFlow to run while `counting`: compiled calls
     (`execute.execute`, which every function call and slow-path op goes through), eager ops
-    (the generated ops' fast path) and host reads (`.numpy()`), each by op name. On the
-    chief of a cluster job nearly each is a remote call (a request and a wait)."""
+    (the generated ops' fast path) and host reads (`.numpy()`), each by op name
+    (`_keras_shim.observe_tf_calls`). On the chief of a cluster job nearly each is a remote
+    call (a request and a wait)."""
 
     def __init__(self):
-        from tensorflow.python import pywrap_tfe
-        from tensorflow.python.eager import execute
-        from tensorflow.python.framework import func_graph, ops
+        from hetpipe_tf import _keras_shim
+
         self.counts: dict[tuple[str, str], int] = {}
         self.counting = False
         self.where = False   # also key by the calling line outside TensorFlow and Keras
-        fast, slow, numpy = (pywrap_tfe.TFE_Py_FastPathExecute, execute.execute,
-                             ops._EagerTensorBase.numpy)
-        trace = func_graph.func_graph_from_py_func
 
         def count(kind: str, name) -> None:
             if self.counting:
@@ -146,27 +143,7 @@ class CallCounter:
                 key = (kind, name)
                 self.counts[key] = self.counts.get(key, 0) + 1
 
-        def fast_path(*args):
-            count("eager op", args[1])
-            return fast(*args)
-
-        def execute_(op_name, *args, **kwargs):
-            kind = "compiled" if op_name.startswith("__inference") else "eager op"
-            count(kind, re.sub(r"_\d+$", "", op_name))
-            return slow(op_name, *args, **kwargs)
-
-        def numpy_(tensor):
-            count("host read", "numpy")
-            return numpy(tensor)
-
-        def trace_(name, *args, **kwargs):
-            count("trace", name)
-            return trace(name, *args, **kwargs)
-
-        pywrap_tfe.TFE_Py_FastPathExecute = fast_path
-        func_graph.func_graph_from_py_func = trace_
-        execute.execute = execute.quick_execute = execute_
-        ops._EagerTensorBase.numpy = numpy_
+        _keras_shim.observe_tf_calls(count)
 
     def by_kind(self) -> dict[str, int]:
         out: dict[str, int] = {}

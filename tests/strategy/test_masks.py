@@ -61,7 +61,7 @@ def _fit(make, strategy=None):
         with strategy.scope():
             model = make()
             model.compile(keras.optimizers.SGD(0.1), loss, metrics=["accuracy"])
-    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+    history = model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0).history
     return history, model.get_weights(), model.evaluate(x, y, verbose=0)
 
 

@@ -106,6 +106,9 @@ class StageWeights:
             t, n = self.snapshot()
             self._versions = {p: (applied, t, n) for p in range(first, first + self._n_m)}
             if self.predictor is not None:
+                # d restarts from zero every run: the weights may have been set or restored
+                # since the last update (a resumed fit then equals one in a fresh model).
+                self.predictor.d = None
                 d = self.predictor.initial(t)
                 self._d_of = {p: d for p in self._versions}
 

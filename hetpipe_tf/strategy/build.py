@@ -35,7 +35,8 @@ from hetpipe_tf.strategy import schedules as sync_schedules
 from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.hetseq import (build_hetseq, split_shares, splits_batches,
                                         synchronous_hetseq, whole_batch_note)
-from hetpipe_tf.strategy.compensation import optimizer_adjustment, predictor_factory
+from hetpipe_tf.strategy.compensation import (log_choice, optimizer_adjustment,
+                                               predictor_factory)
 from hetpipe_tf.strategy.remote_guard import GuardedPipelineRuntime, guard_for
 from hetpipe_tf.strategy.validation import (check_batch, check_inter_op_threads, check_model,
                                             check_n_m, check_plan, check_plans)
@@ -193,6 +194,8 @@ def build_training(extended, model, data) -> Training:
     adjust = optimizer_adjustment(extended.compensation, extended.n_m, vws,
                                   extended.clock_distance)
     predictor = predictor_factory(extended.compensation, extended.n_m, vws)
+    log_choice(extended.compensation, extended.compensation_by_default,
+               extended.n_m, vws, extended.clock_distance)
     if hetseq:
         runtime = build_hetseq(extended, model, program, batch_size, update_metrics, strategy)
     elif len(extended.plans) == 1:

@@ -33,6 +33,7 @@ docs/convergence.md compares the options and says what each changes in Section 6
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from hetpipe_tf.pipeline.compensation import Compensation, WeightPredictor
@@ -41,7 +42,9 @@ from hetpipe_tf.pipeline.gap_aware import GapAwarePredictor
 from hetpipe_tf.strategy.averaging import averaging_adjustment
 
 __all__ = ["Compensation", "implied_staleness", "reduced_momentum", "optimizer_adjustment",
-           "predictor_factory"]
+           "predictor_factory", "log_choice"]
+
+logger = logging.getLogger(__name__)
 
 # Momentum-like hyperparameters of Keras optimizers, by attribute name.
 _MOMENTUM_ATTRIBUTES = ("momentum", "beta_1")
@@ -96,3 +99,17 @@ def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int 
             return GapAwarePredictor(device, n_m, scale=float(num_vws))
         return WeightPredictor(device, scale=float(num_vws))
     return make
+
+
+def log_choice(compensation: Compensation, by_default: bool, n_m: int | None,
+               num_vws: int = 1, clock_distance: int = 0) -> None:
+    """Name the compensation in the log where it changes training (staleness exists), so a
+    user comparing against the paper's rules sees that it is on and how to turn it off."""
+    s = implied_staleness(n_m, num_vws, clock_distance)
+    if s == 0 or compensation is Compensation.NONE:
+        return
+    logger.info(
+        "Staleness compensation %s%s for %d virtual worker(s) at N_m=%s, D=%d (implied "
+        "staleness %d; docs/convergence.md). Pass compensation=\"none\" to train by the "
+        "paper's rules exactly.", compensation.name,
+        " (the default)" if by_default else "", num_vws, n_m, clock_distance, s)

@@ -41,6 +41,7 @@ from hetpipe_tf.strategy.validation import (check_batch_fits, check_n_m, check_p
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
     data_parallel = None   # a strategy.hetseq.DataParallel, set by HetPipeStrategy
     shares = None          # HetSeq shares given by hand (tuple of ints) or None
+    compensation_by_default = False   # the user gave no compensation (set by the strategy)
 
     def __init__(self, container, cluster, plan, n_m, max_m, clock_distance=0,
                  placement="default", ps_hosts=None, allocation=None,
@@ -93,7 +94,10 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if not isinstance(in_graph, bool):
             raise ValueError(f"in_graph must be True or False. Received: in_graph={in_graph!r}.")
         self.in_graph = in_graph
-        self.compensation = Compensation.parse(compensation)
+        # None: the strategy's default, resolved by HetPipeStrategy once the data-parallel
+        # mode is known (BOTH, or NONE in HetSeq mode).
+        self.compensation = Compensation.parse(
+            "none" if compensation is None else compensation)
         if self.allocation is not None and (self.plans or self._plan_fn is not None):
             raise ValueError(
                 "allocation forms virtual workers for the planner; it cannot be combined with "

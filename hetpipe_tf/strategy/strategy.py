@@ -24,6 +24,7 @@ from hetpipe_tf.strategy.compensation import Compensation
 from hetpipe_tf.strategy.extended import HetPipeExtended
 from hetpipe_tf.strategy.hetseq import DataParallel
 from hetpipe_tf.strategy.hetseq import check_arguments as check_hetseq_arguments
+from hetpipe_tf.strategy.hetseq import check_layout_options
 
 
 class HetPipeStrategy(tf.distribute.Strategy):
@@ -69,8 +70,10 @@ class HetPipeStrategy(tf.distribute.Strategy):
       micro_batches: M, for a synchronous schedule (must divide the batch size).
       rematerialize: synchronous schedules only: non-last stages keep only their inputs
         and recompute their forward in the backward (GPipe's re-materialization).
-      compensation: staleness compensation (docs/convergence.md): `Compensation.NONE`
-        trains by the paper's rules exactly; `Compensation.PREDICT` forwards each
+      compensation: staleness compensation (docs/convergence.md). None (the default):
+        `Compensation.BOTH`, or NONE in HetSeq mode (no staleness; a log line names it when
+        a layout has staleness). `Compensation.NONE` (or "none") trains by the paper's rules
+        exactly; `Compensation.PREDICT` forwards each
         minibatch at its weight version moved ahead by the local updates it misses;
         `Compensation.MOMENTUM` lowers the stage optimizers' momentum by the momentum that
         staleness implies; `Compensation.BOTH` does both; `Compensation.AVERAGE` scales
@@ -104,7 +107,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
                  max_m: int | None = None, clock_distance: int = 0,
                  placement: str = "default", ps_hosts=None, allocation=None,
                  num_virtual_workers: int | None = None, fresh_pulls: bool = True,
-                 in_graph: bool = True, compensation: Compensation | str = Compensation.NONE,
+                 in_graph: bool = True, compensation: Compensation | str | None = None,
                  data_parallel: DataParallel | str = DataParallel.WSP, shares=None,
                  fault_timeout_s: float = 30.0, on_fault: FaultPolicy | str = FaultPolicy.STOP):
         faults = FaultOptions.parse(fault_timeout_s, on_fault)
@@ -116,6 +119,13 @@ class HetPipeStrategy(tf.distribute.Strategy):
                                    num_virtual_workers, fresh_pulls, in_graph,
                                    compensation)
         extended.data_parallel = DataParallel.parse(data_parallel)
+        if compensation is None:
+            # The default (docs/convergence.md "The defaults"): BOTH where staleness can
+            # exist; HetSeq's synchronous steps have none to compensate.
+            extended.compensation = (Compensation.NONE
+                                     if extended.data_parallel is DataParallel.HETSEQ
+                                     else Compensation.BOTH)
+        extended.compensation_by_default = compensation is None
         extended.shares = check_hetseq_arguments(
             extended.data_parallel, shares, plans=extended.plans, plan_fn=extended._plan_fn,
             allocation=extended.allocation, clock_distance=clock_distance, n_m=n_m,
@@ -126,6 +136,8 @@ class HetPipeStrategy(tf.distribute.Strategy):
         super().__init__(extended)
         sync_schedules.configure(self.extended, schedule, micro_batches, rematerialize,
                                  n_m)
+        if extended.data_parallel is DataParallel.HETSEQ:
+            check_layout_options(extended)   # here, not first at the fit's build
 
     @property
     def plan(self):

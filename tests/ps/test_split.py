@@ -30,7 +30,7 @@ def _fit(n_m, d, stages, slow, n, epochs=1, shares=None):
              even_plan(probe, DEVICES[stages:2 * stages], n_m=n_m,
                        speed_factors=[slow] * stages)]
     strategy = HetPipeStrategy(plan=plans, clock_distance=d, data_parallel="wsp_split",
-                               shares=shares)
+                               shares=shares, compensation="none")   # the paper's rules
     with strategy.scope():
         model = skip_model(0)
         model.compile(keras.optimizers.SGD(LR), "mse", metrics=["mae"])

@@ -110,7 +110,8 @@ def _flow(model, backup_dir, x, y):
 
 
 def _strategy_model(make, n_m, seed=0):
-    strategy = HetPipeStrategy(plan=even_plan(skip_model(seed), DEVICES[:2], n_m=n_m))
+    strategy = HetPipeStrategy(plan=even_plan(skip_model(seed), DEVICES[:2], n_m=n_m),
+                               compensation="none")   # the paper's rule: the reference
     with strategy.scope():
         model = skip_model(seed)
         model.compile(make(), "mse")

@@ -2,7 +2,8 @@
 
 PREDICT equals an independent reference of weight prediction under the local staleness
 rule; MOMENTUM equals the staleness reference with the reduced momentum while the model's
-optimizer keeps the user's; NONE is the default (the existing references check it).
+optimizer keeps the user's; BOTH is the default where staleness can exist (NONE, the
+paper's rules, is checked by the existing references, which ask for it by name).
 """
 
 import keras
@@ -60,8 +61,9 @@ def _fit(n_m, stages, make_opt, compensation, seed=0):
 def prediction_reference(weights0, make_opt, batches, n_m, runs):
     """Local staleness with weight prediction, written independently: minibatch p's
     gradient is taken at W[v] + (p - 1 - v) * (W[v] - W[v - 1]) (v = the last update its
-    version reflects, W[q] = the weights after update q; no look-ahead before any update)
-    and applied to the newest weights."""
+    version reflects, W[q] = the weights after update q; no look-ahead from a version
+    taken at a run's start, where d restarts from zero) and applied to the newest
+    weights."""
     live, probe = skip_model(0), skip_model(0)
     live.set_weights(weights0)
     opt = make_opt()
@@ -73,7 +75,7 @@ def prediction_reference(weights0, make_opt, batches, n_m, runs):
         if p in runs:
             run_last = p - 1
         v = max(run_last, p - n_m)
-        u = ([a - b for a, b in zip(after[v], after[v - 1])] if v >= 1
+        u = ([a - b for a, b in zip(after[v], after[v - 1])] if v > run_last
              else [np.zeros_like(a) for a in after[0]])
         probe.set_weights([a + (p - 1 - v) * d for a, d in zip(after[v], u)])
         with tf.GradientTape() as tape:
@@ -165,3 +167,34 @@ def test_bad_compensation_is_refused_before_training():
     with pytest.raises(ValueError, match="compensation="):
         HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:1], n_m=1),
                         compensation="weight-prediction")
+
+
+def test_the_default_is_both_and_named_in_the_log_where_staleness_exists(caplog):
+    """No compensation given: BOTH, with a log line naming it and the way to the paper's
+    rules; nothing is logged where nothing is stale (N_m = 1, one VW)."""
+    x, y = regression_data(N, 3)
+    for n_m, logged in ((2, True), (1, False)):
+        strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=n_m))
+        assert strategy.extended.compensation is Compensation.BOTH
+        with strategy.scope():
+            model = skip_model(0)
+            model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
+        caplog.clear()
+        with caplog.at_level("INFO", logger="hetpipe_tf.strategy.compensation"):
+            model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        text = caplog.text
+        assert ("Staleness compensation BOTH (the default)" in text) is logged, text
+        if logged:
+            assert 'compensation="none"' in text and "N_m=2" in text
+            stage_opts = [s.optimizer for s in strategy.pipeline(model).versions.stages]
+            assert [o.momentum for o in stage_opts] == [pytest.approx(0.8)] * 2
+        strategy.close()
+
+
+def test_hetseq_defaults_to_none_and_still_refuses_a_compensation_by_name():
+    from hetpipe_tf.cluster.spec import Cluster
+    cluster = Cluster.local(["LOCAL_CPU"] * 2)
+    strategy = HetPipeStrategy(cluster, data_parallel="hetseq")
+    assert strategy.extended.compensation is Compensation.NONE
+    with pytest.raises(ValueError, match="compensation='both'"):
+        HetPipeStrategy(cluster, data_parallel="hetseq", compensation="both")

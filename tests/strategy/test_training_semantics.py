@@ -23,7 +23,8 @@ BATCH, EPOCHS = 8, 2
 
 def _train(n_m, num_stages, opt, seed=0):
     x, y = regression_data(64, seed)
-    strategy = HetPipeStrategy(plan=lambda m: even_plan(m, DEVICES[:num_stages], n_m=n_m))
+    strategy = HetPipeStrategy(plan=lambda m: even_plan(m, DEVICES[:num_stages], n_m=n_m),
+                               compensation="none")   # the paper's rule: the reference
     with strategy.scope():
         model = skip_model(seed)
         model.compile(OPTIMIZERS[opt](), "mse")

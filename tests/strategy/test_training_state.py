@@ -43,7 +43,8 @@ def _batches(x, y):
 def _two_vws(n_m=1, d=0, stages=1, make=OPTIMIZERS["adam"], seed=0):
     probe = skip_model(seed)
     plans = [even_plan(probe, DEVICES[w * stages:(w + 1) * stages], n_m=n_m) for w in range(2)]
-    strategy = HetPipeStrategy(plan=plans, clock_distance=d)
+    strategy = HetPipeStrategy(plan=plans, clock_distance=d,
+                               compensation="none")   # the paper's rules: the references
     with strategy.scope():
         model = skip_model(seed)
         model.compile(make(), "mse")
@@ -104,7 +105,8 @@ def test_every_optimizer_with_one_pipelined_vw_equals_the_staleness_reference(na
     make = OPTIMIZERS[name]
     x, y = regression_data(64, 2)
     probe = skip_model(0)
-    strategy = HetPipeStrategy(plan=even_plan(probe, DEVICES[:2], n_m=2))
+    strategy = HetPipeStrategy(plan=even_plan(probe, DEVICES[:2], n_m=2),
+                               compensation="none")   # the paper's rule: the reference
     with strategy.scope():
         model = skip_model(0)
         model.compile(make(), "mse")

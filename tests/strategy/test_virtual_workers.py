@@ -29,7 +29,8 @@ def _fit(n_m, clock_distance, stages, epochs=1, slow=1.0, n=64):
     vws = [DEVICES[0:stages], DEVICES[stages:2 * stages]]
     plans = [even_plan(probe, vws[0], n_m=n_m),
              even_plan(probe, vws[1], n_m=n_m, speed_factors=[slow] * stages)]
-    strategy = HetPipeStrategy(plan=plans, clock_distance=clock_distance)
+    strategy = HetPipeStrategy(plan=plans, clock_distance=clock_distance,
+                               compensation="none")   # the paper's rules: the reference
     with strategy.scope():
         model = skip_model(0)
         model.compile(keras.optimizers.SGD(LR), "mse")

@@ -4,12 +4,13 @@ and the bytes on each link per minibatch next to the minimum WSP needs.
   python -m benchmarks.wire_speed                     # small and 3.4 M MLP, N_m = 1 and 4, D = 1
 
 Layout: 2 virtual workers (VWs) of one stage each, w_global on a parameter server, WSP with
-clock distance D, Adam. "cluster": real `tf.distribute.Server` processes on 127.0.0.1 (2
-worker tasks, one VW each, and 1 ps task; `hetpipe_tf.cluster.serve.start_local_servers`,
-stopped by pid on exit) driven by a chief process over TensorFlow's gRPC runtime, as a
-cluster job runs. "one process": the same plans on 2 logical CPU devices of one process
-(`Cluster.local`). Each mode runs in a fresh subprocess of this binary (connecting to a
-cluster changes a process's TensorFlow context for good); both see the same 2-core machine.
+clock distance D, --compensation (none: the paper's rules), Adam. "cluster": real
+`tf.distribute.Server` processes on 127.0.0.1 (2 worker tasks, one VW each, and 1 ps
+task; `hetpipe_tf.cluster.serve.start_local_servers`, stopped by pid on exit) driven by a
+chief process over TensorFlow's gRPC runtime, as a cluster job runs. "one process": the
+same plans on 2 logical CPU devices of one process (`Cluster.local`). Each mode runs in a
+fresh subprocess of this binary (connecting to a cluster changes a process's TensorFlow
+context for good); both see the same 2-core machine.
 
 Throughput is minibatches per second of one fit of N minibatches (one run: it includes the
 run's start and end, w_global seeded from the model and the last pull, as a user's epoch
@@ -46,7 +47,7 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks._cli import run  # noqa: E402
+from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
 
 _PARAMS = flags.DEFINE_list("params", ["100000", "3400000"], "About how many parameters each "
                             "MLP has (one table row group per model).")
@@ -57,6 +58,7 @@ _MINIBATCHES = flags.DEFINE_integer("minibatches", 64, "N: the timed fit's minib
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
 _CALLS_BY_OP = flags.DEFINE_bool("calls_by_op", False, "Also list the calls per minibatch "
                                   "of each op or compiled function.")
+_COMPENSATION = compensation_flag("none")
 _MODE = flags.DEFINE_enum("mode", None, ["cluster", "local"], "Internal: measure one mode "
                           "in this process and print its figures as JSON.")
 
@@ -187,6 +189,7 @@ def _measure(mode: str, cluster_json: str | None) -> list[dict]:
         tasks = {os.getpid(): "chief", **{int(p): t for p, t in info["pids"].items()}}
     else:
         cluster = Cluster.local(["LOCAL_CPU"] * 2)
+    comp = compensation(_COMPENSATION)
     bs, n = _BATCH_SIZE.value, _MINIBATCHES.value
     rs = np.random.RandomState(0)
     x = rs.rand(n * bs, FEATURES).astype("float32")
@@ -197,7 +200,8 @@ def _measure(mode: str, cluster_json: str | None) -> list[dict]:
         for n_m in map(int, _N_M.value):
             probe = _model(keras, width, "probe")
             plans = [even_plan(probe, [d.tf_device], n_m=n_m) for d in cluster.devices]
-            strategy = HetPipeStrategy(cluster, plan=plans, clock_distance=_D.value)
+            strategy = HetPipeStrategy(cluster, plan=plans, clock_distance=_D.value,
+                                       compensation=comp)
             with strategy.scope():
                 model = _model(keras, width, "mlp")
                 model.compile(keras.optimizers.Adam(1e-4),
@@ -242,6 +246,7 @@ def _child(mode: str, extra: list[str]) -> list[dict]:
             f"--params={','.join(_PARAMS.value)}", f"--n_m={','.join(_N_M.value)}",
             f"--clock_distance={_D.value}", f"--minibatches={_MINIBATCHES.value}",
             f"--batch_size={_BATCH_SIZE.value}", f"--calls_by_op={_CALLS_BY_OP.value}",
+            f"--compensation={_COMPENSATION.value}",
             *extra]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
@@ -261,6 +266,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 2 or (len(argv) == 2 and _MODE.value != "cluster"):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
     _check_flags()
+    comp = compensation(_COMPENSATION)
     if shutil.which("ss") is None:
         raise OSError("This benchmark reads socket counters with `ss` (iproute2), which is "
                       "not installed. Received: no `ss` on PATH; apt-get install iproute2.")
@@ -275,7 +281,8 @@ def main(argv: list[str]) -> None:
         info = {"cluster": servers.cluster, "pids": dict(zip(servers.pids, names))}
         remote = _child("cluster", [json.dumps(info)])
     print(f"setting: 2 VWs x 1 stage (cluster: one per worker task, w_global on a ps task; "
-          f"one process: 2 logical CPU devices), D={_D.value}, Adam, batch "
+          f"one process: 2 logical CPU devices), D={_D.value}, compensation "
+          f"{comp.value}, Adam, batch "
           f"{_BATCH_SIZE.value}, MLP {FEATURES}-in x {DEPTH} Dense; throughput and bytes "
           f"of one fit (run) of {_MINIBATCHES.value} minibatches; all "
           "tasks on 127.0.0.1 (one machine, shared cores)")

@@ -19,6 +19,7 @@ def test_table_and_bytes_against_the_wsp_minimum():
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("setting: 2 VWs x 1 stage") and "D=1" in lines[0], proc.stdout
+    assert "compensation none" in lines[0], lines[0]   # the paper's rules by default
     assert "ratio" in lines[1] and "WSP min MB" in lines[1] and "CPU ms" in lines[1]
     head = _ROW.match(lines[2])
     assert head, proc.stdout
@@ -56,3 +57,10 @@ def test_bad_flags_end_with_one_line():
     proc = run_binary("benchmarks.wire_speed", "--n_m=0")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "--n_m must list positive integers" in proc.stderr
+
+
+def test_bad_compensation_ends_with_one_line():
+    proc = run_binary("benchmarks.wire_speed", "--compensation=magic")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--compensation must name a hetpipe_tf Compensation" in proc.stderr
+    assert "Received: --compensation=magic" in proc.stderr and "both_ga" in proc.stderr

@@ -1,6 +1,7 @@
 r"""Each pipeline stage's peak memory next to the planner's prediction (one run, this CPU).
 
   python -m benchmarks.memory_benchmark [--stages=2,4] [--nm=1,2,4] [--optimizers=sgd,adam]
+      [--compensation=none]
 
 Model: --depth Dense(--width, relu) + Dense(10, softmax), batch --batch_size, one virtual
 worker of k logical CPU devices under HetPipeStrategy with the planner's plan for that
@@ -8,7 +9,8 @@ k, N_m and optimizer (layout from the catalog's estimated times: the memory pred
 does not depend on times). For each setting, --steps minibatches after a warm-up epoch.
 
 PREDICTED: the plan's `memory_bytes` per stage (partitioner/cost.py: weights + gradients
-+ optimizer slots + (held - 1) weight versions + held x (activations + received input)).
++ optimizer slots + (N_m - 1) weight versions + the staleness compensation's buffers
+(`PredictionMemory`, from --compensation) + held x (activations + received input)).
 
 MEASURED, and how. There is no GPU here, and every logical CPU device allocates from
 TensorFlow's ONE process-wide CPU allocator: `tf.config.experimental.get_memory_info`
@@ -32,7 +34,13 @@ ACCOUNTING of the buffers the stage holds, each term measured as follows:
                   which counts under grads);
   grads           sampled: the weight gradients waiting for the stage's apply task, at
                   least one set (a backward materialises one, of exactly the stage's
-                  trainable bytes, even when the apply follows at once on stage 0).
+                  trainable bytes, even when the apply follows at once on stage 0);
+  prediction      sampled (--compensation that predicts, N_m > 1): the distinct buffers
+                  of the stage's predictor state, d as of each pending version
+                  (`StageWeights._d_of`) and the latest d (`predictor.d`), with delay
+                  compensation and Gap-Aware their whole lists (the last N_m updates and
+                  ms or C*C). The predicted weights a forward reads are minibatch
+                  versions: they count under versions.
 measured = weights+slots + the largest sampled sum of the other terms. "grad sets" is
 the most sets seen waiting at once (not part of that sum unless it was at its peak). Per setting, the process line gives the allocator's own peak during the run above
 its level before it (all stages and Keras' step at once: a check of the accounting, not
@@ -62,6 +70,11 @@ _WIDTH = flags.DEFINE_integer("width", 512, "Units of every hidden Dense layer."
                               lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Minibatch size.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 20, "Measured minibatches per setting.", lower_bound=1)
+_COMPENSATION = flags.DEFINE_string(
+    "compensation", "none",
+    "HetPipeStrategy's staleness compensation (hetpipe_tf Compensation name). Passed "
+    "explicitly: the strategy's own default is 'both'; 'none' keeps the figures of "
+    "docs/memory.md comparable.")
 _SAMPLE_MS = flags.DEFINE_float("sample_ms", 1.0, "Sampling interval of the held buffers.",
                                 lower_bound=0.1)
 
@@ -144,7 +157,9 @@ class _Sampler:
         self.live = weakref.WeakValueDictionary()   # minibatch id -> Minibatch in flight
         self.tape = [0] * self.k                    # set from _measure_lone_tasks
         self.peak = [0] * self.k
-        self.at_peak = [(0, 0, 0)] * self.k         # (versions, activations, grads)
+        self.at_peak = [(0, 0, 0, 0)] * self.k      # (versions, activations, grads, prediction)
+        self.most_versions = [0] * self.k           # most bytes of each term seen alone
+        self.most_prediction = [0] * self.k
         self.held = [0] * self.k
         self.grad_sets = [0] * self.k               # most weight-gradient sets waiting
         self._stop = threading.Event()
@@ -168,12 +183,17 @@ class _Sampler:
         self._thread.join()
         self._restore()
 
-    def _sample_stage(self, j: int, mbs) -> tuple[int, int, int, int]:
+    def _sample_stage(self, j: int, mbs) -> tuple[int, int, int, int, int]:
         sw = self.rt.versions.stages[j]
         current = _buffers(self._handle(v).read_value() for v in sw.variables)
         versions = {}
         for _, t, n in list(sw._versions.values()):
             versions.update(_buffers((*t, *n)))
+        prediction = {}
+        if sw.predictor is not None:   # d of each pending version, and the latest d
+            for d in list(sw._d_of.values()):
+                prediction.update(_buffers(d))
+            prediction.update(_buffers(sw.predictor.d or ()))
         inputs, grads, held = {}, {}, 0
         for mb in mbs:
             saved = mb.saved.get(j)
@@ -192,17 +212,20 @@ class _Sampler:
         one = _var_bytes(sw.trainable)
         g = sum(grads.values())
         self.grad_sets[j] = max(self.grad_sets[j], round(g / one) if one else 0)
-        return v, held * self.tape[j] + sum(inputs.values()), max(g, one), held
+        pr = sum(b for a, b in prediction.items() if a not in current and a not in versions)
+        return v, held * self.tape[j] + sum(inputs.values()), max(g, one), pr, held
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 mbs = list(self.live.values())
                 for j in range(self.k):
-                    v, a, g, held = self._sample_stage(j, mbs)
-                    if v + a + g > self.peak[j]:
-                        self.peak[j], self.at_peak[j] = v + a + g, (v, a, g)
+                    v, a, g, pr, held = self._sample_stage(j, mbs)
+                    if v + a + g + pr > self.peak[j]:
+                        self.peak[j], self.at_peak[j] = v + a + g + pr, (v, a, g, pr)
                     self.held[j] = max(self.held[j], held)
+                    self.most_versions[j] = max(self.most_versions[j], v)
+                    self.most_prediction[j] = max(self.most_prediction[j], pr)
             except (RuntimeError, KeyError):
                 continue   # a dict changed while it was read: skip this sample
 
@@ -233,20 +256,25 @@ def _measure_lone_tasks(rt, x, y, repeats: int = 3) -> tuple[list[int], list[int
     return tape, in_bytes
 
 
-def _setting(tf, np, keras, k: int, n_m: int, opt: str, profile, ds) -> tuple[list, str]:
+def _setting(tf, np, keras, k: int, n_m: int, opt: str, profile, ds,
+             compensation) -> tuple[list, str]:
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.partitioner.cost import CostModel, optimizer_slots
     from hetpipe_tf.partitioner.planner import plan_model
     from hetpipe_tf.strategy import HetPipeStrategy
+    from hetpipe_tf.strategy.prediction_memory import prediction_memory
 
     cluster = Cluster.local(["LOCAL_CPU"] * k)
+    prediction = prediction_memory(compensation)
     plan = plan_model(None, cluster, _BATCH_SIZE.value, n_m=n_m, optimizer=opt,
-                      profile=profile).plan
+                      profile=profile, prediction=prediction).plan
     cm = CostModel(profile, cluster.devices, cluster, n_m=n_m,
-                   optimizer_slots=optimizer_slots(opt))
+                   optimizer_slots=optimizer_slots(opt), prediction=prediction)
     keras.utils.set_random_seed(0)
-    # It reads the threaded runtime's buffers, also for one stage at N_m = 1.
-    strategy = HetPipeStrategy(cluster, plan=plan, in_graph=False)
+    # It reads the threaded runtime's buffers, also for one stage at N_m = 1. The
+    # compensation is explicit: the strategy's default ("both") is not this flag's.
+    strategy = HetPipeStrategy(cluster, plan=plan, in_graph=False,
+                               compensation=compensation)
     with strategy.scope():
         model = _build(keras, "measured")
         model.compile(opt, "sparse_categorical_crossentropy")
@@ -269,26 +297,34 @@ def _setting(tf, np, keras, k: int, n_m: int, opt: str, profile, ds) -> tuple[li
     rows = []
     bounds = [-1, *[s.last for s in plan.stages[:-1]], plan.num_layers - 1]
     for j, s in enumerate(plan.stages):
-        v, a, g = sampler.at_peak[j]
+        v, a, g, pr = sampler.at_peak[j]
         if j == k - 1:   # its activations live inside its one task (the lone task's peak,
             # less the one set of weight gradients it makes: counted under grads)
             a += max(tape[j] - _var_bytes(rt.versions.stages[j].trainable), 0) + in_bytes[j]
-        measured = weights[j] + v + a + g
+        measured = weights[j] + v + a + g + pr
         lo, hi = bounds[j] + 1, bounds[j + 1] + 1
         trainable = sum(l.trainable_param_bytes for l in profile.layers[lo:hi])
         vers = (n_m - 1) * trainable
-        fixed = cm.fixed_memory[lo:hi].sum() - vers
-        acts = s.memory_bytes - fixed - vers
+        copies = prediction.copies(n_m) if prediction is not None else 0
+        pred = copies * trainable
+        fixed = cm.fixed_memory[lo:hi].sum() - vers - pred
+        acts = s.memory_bytes - fixed - vers - pred
+        one = _var_bytes(rt.versions.stages[j].trainable) or 1
         per_mb = cm.activation[lo:hi].sum() + (cm.cut_bytes[lo - 1] if j else 0)
         rows.append((str(k), str(n_m), opt, str(j), f"{s.first}..{s.last}",
                      f"{sampler.held[j]}/{s.minibatches_held}", str(sampler.grad_sets[j]),
                      f"{tape[j] / MIB:.2f}/{per_mb / MIB:.2f}", f"{measured / MIB:.2f}",
                      f"{s.memory_bytes / MIB:.2f}", f"{measured / s.memory_bytes:.2f}",
-                     f"{weights[j] / MIB:.2f} / {v / MIB:.2f} / {a / MIB:.2f} / {g / MIB:.2f}",
-                     f"{fixed / MIB:.2f} / {vers / MIB:.2f} / {acts / MIB:.2f}"))
+                     f"{sampler.most_versions[j] / one:.2f} / "
+                     f"{sampler.most_prediction[j] / one:.2f}",
+                     f"{n_m - 1} / {copies}",
+                     f"{weights[j] / MIB:.2f} / {v / MIB:.2f} / {pr / MIB:.2f} / "
+                     f"{a / MIB:.2f} / {g / MIB:.2f}",
+                     f"{fixed / MIB:.2f} / {vers / MIB:.2f} / {pred / MIB:.2f} / "
+                     f"{acts / MIB:.2f}"))
     dynamic = sum(sum(sampler.at_peak[j]) for j in range(k)) + max(
         tape[-1] - _var_bytes(rt.versions.stages[-1].trainable), 0) + in_bytes[-1]
-    note = (f"  {k} stages, N_m={n_m}, {opt}: process (TF CPU allocator, all stages and "
+    note = (f"  {k} stages, N_m={n_m}, {opt}, {compensation.value}: process (TF CPU allocator, all stages and "
             f"Keras' step) peak above its pre-run level {process / MIB:.2f} MiB; sum of the "
             f"stages' accounted non-weight terms {dynamic / MIB:.2f} MiB")
     return rows, note
@@ -313,10 +349,12 @@ def main(argv: list[str]) -> None:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(max(stages) + 2)
     from hetpipe_tf.partitioner.profile import profile_model
+    from hetpipe_tf.pipeline.compensation import Compensation
+    compensation = Compensation.parse(_COMPENSATION.value)
 
     print(f"Model: {_DEPTH.value} x Dense({_WIDTH.value}, relu) + Dense(10), batch "
           f"{_BATCH_SIZE.value}, float32; {_STEPS.value} measured minibatches per setting; "
-          "one virtual worker of k logical CPU devices.")
+          f"one virtual worker of k logical CPU devices; compensation={compensation.value}.")
     print("measured = an ACCOUNTING of the buffers each stage holds (sampled every "
           f"{_SAMPLE_MS.value:g} ms; lone-task terms from TF's CPU allocator), not a per-device "
           "allocator figure: logical CPU devices share one allocator (module doc). "
@@ -324,20 +362,22 @@ def main(argv: list[str]) -> None:
     ds = _dataset(tf, np)
     rows = [("stages", "N_m", "optimizer", "stage", "layers", "held seen/model", "grad sets",
              "tape/mb MiB seen/model", "measured MiB", "predicted MiB", "ratio",
-             "measured: weights+slots / versions / activations+inputs / grads",
-             "predicted: weights+grads+slots / versions / activations+inputs")]
+             "most copies seen: versions / prediction", "copies model: versions / prediction",
+             "measured: weights+slots / versions / prediction / activations+inputs / grads",
+             "predicted: weights+grads+slots / versions / prediction / activations+inputs")]
     notes = []
     for opt in _OPTIMIZERS.value:
         profile = profile_model(_build(keras, "measured"), _BATCH_SIZE.value, ["LOCAL_CPU"])
         for k in stages:
             for n_m in sorted({int(v) for v in _NM.value}):
-                r, note = _setting(tf, np, keras, k, n_m, opt, profile, ds)
+                r, note = _setting(tf, np, keras, k, n_m, opt, profile, ds, compensation)
                 rows.extend(r)
                 notes.append(note)
                 print(note, flush=True)
     print()
     _table(rows)
-    print("(MiB = 2^20 bytes; ratio = measured / predicted)")
+    print("(MiB = 2^20 bytes; ratio = measured / predicted; copies = bytes / the stage's "
+          "trainable bytes)")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,13 @@ bottleneck):
     + (N_m - 1) stashed versions of the trainable weights, at EVERY position (one version
       is w_local; the last position too: the versions of the minibatches in flight wait
       there until its task takes them; benchmarks/memory_benchmark.py, docs/memory.md)
-    + held x (activations kept for backward + the received input activations).
+    + held x (activations kept for backward + the received input activations)
+    + with staleness compensation by weight prediction (`prediction=PredictionMemory(...)`,
+      N_m > 1 only): its extra trainable-sized copies, per_version x (N_m - 1) + constant
+      (each pending version's d, delay compensation's window of updates, the predicted
+      weights a forward reads; measured by benchmarks/memory_benchmark.py --compensation,
+      docs/memory.md "Staleness compensation"; strategy/prediction_memory.py gives the
+      value for each Compensation). Default None: no such buffers.
 Usable memory is the device's memory times `usable_fraction` (framework workspace).
 
 Synchronous schedules (`sync=SyncMemory(...)`, core/sync_schedule.py; N_m = 1, so no
@@ -107,6 +113,29 @@ class SyncMemory:
         return self.held(position, num_stages) / self.micro_batches
 
 
+@dataclasses.dataclass(frozen=True)
+class PredictionMemory:
+    """Trainable-sized copies of a stage's weights that a staleness compensation keeps
+    besides w_local and the N_m - 1 stashed versions: per_version x (N_m - 1) + constant,
+    charged only at N_m > 1 (at N_m = 1 no predictor exists). Plain counts, so the
+    partitioner needs nothing of the pipeline (strategy/prediction_memory.py maps each
+    Compensation to one)."""
+
+    per_version: int = 0
+    constant: int = 0
+
+    def __post_init__(self):
+        for name in ("per_version", "constant"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"PredictionMemory.{name} must be an int >= 0. Received: "
+                                 f"{name}={v!r}; count copies of the trainable weights.")
+
+    def copies(self, n_m: int) -> int:
+        """Trainable-sized copies charged at N_m minibatches in flight."""
+        return 0 if n_m <= 1 else self.per_version * (n_m - 1) + self.constant
+
+
 def held_minibatches(position: int, num_stages: int, n_m: int) -> int:
     """Minibatches whose activations the stage at `position` holds (weight versions: N_m - 1
     at every position, see the module docstring)."""
@@ -137,7 +166,8 @@ class CostModel:
 
     def __init__(self, profile: Any, devices: Sequence[Any], cluster: Any, *, n_m: int,
                  optimizer_slots: int = 0, comm: CommModel | None = None,
-                 usable_fraction: float = 0.9, sync: SyncMemory | None = None) -> None:
+                 usable_fraction: float = 0.9, sync: SyncMemory | None = None,
+                 prediction: PredictionMemory | None = None) -> None:
         if not 0 < usable_fraction <= 1:
             raise ValueError("usable_fraction must be in (0, 1]. Received: "
                              f"usable_fraction={usable_fraction}.")
@@ -158,6 +188,10 @@ class CostModel:
         tied = np.array([getattr(l, "tied_bytes", 0) for l in profile.layers], dtype=np.float64)
         self.fixed_memory = (param + trainable * (1 + optimizer_slots) + (n_m - 1) * trainable
                              + tied)
+        # Staleness compensation's buffers (weight prediction; N_m > 1 only).
+        self.prediction = prediction
+        if prediction is not None and prediction.copies(n_m):
+            self.fixed_memory = self.fixed_memory + prediction.copies(n_m) * trainable
         self.sync = sync
         if sync is not None:   # N_m = 1: no stashed version; a gradient accumulator
             if n_m != 1:

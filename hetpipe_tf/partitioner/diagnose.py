@@ -34,11 +34,12 @@ def _least_overflow_layout(cm: CostModel, devices: Sequence[Any], options: Any):
 
 def infeasible_error(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
                      comm: CommModel | None, optimizer_slots: int, options: Any,
-                     sync: Any = None) -> PartitionError:
+                     sync: Any = None, prediction: Any = None) -> PartitionError:
     """A PartitionError naming the short devices and suggesting what would fit."""
     from hetpipe_tf.partitioner.milp import fits, max_minibatches
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
-                   comm=comm, usable_fraction=options.usable_fraction, sync=sync)
+                   comm=comm, usable_fraction=options.usable_fraction, sync=sync,
+                   prediction=prediction)
     costs, order = _least_overflow_layout(cm, devices, options)
     short = [f"{d.name} ({d.type_name}) needs {format_bytes(c.memory_bytes)} of "
              f"{format_bytes(c.memory_available)} usable, short by "
@@ -49,9 +50,15 @@ def infeasible_error(profile: Any, devices: Sequence[Any], n_m: int, *, cluster:
             profile, devices, 1, cluster=cluster, optimizer_slots=optimizer_slots,
             options=options, sync=dataclasses.replace(sync, rematerialize=True)):
         suggestions.append("rematerialize=True fits")
+    extra = prediction.copies(n_m) if prediction is not None else 0
+    if extra and fits(profile, devices, n_m, cluster=cluster, optimizer_slots=optimizer_slots,
+                      options=options):
+        # The staleness compensation's buffers are what does not fit (cost.py).
+        suggestions.append(f"without weight prediction's {extra} extra copies of the "
+                           "weights it fits (compensation='none', 'momentum' or 'average')")
     if n_m > 1:
         m = max_minibatches(profile, devices, cluster=cluster, optimizer_slots=optimizer_slots,
-                            limit=n_m - 1, options=options)
+                            limit=n_m - 1, options=options, prediction=prediction)
         if m:
             suggestions.append(f"N_m={m} fits (Max_m of these devices)")
     if hasattr(profile, "scaled"):
@@ -72,5 +79,6 @@ def infeasible_error(profile: Any, devices: Sequence[Any], n_m: int, *, cluster:
         f"No partition of {profile.model_name} (batch_size={profile.batch_size}) over "
         f"{len(devices)} device(s) fits memory with N_m={n_m}. At the best order found "
         f"({', '.join(d.name for d in order)}): " + "; ".join(short) +
-        ". Received: devices=" + str([d.name for d in devices]) + f", n_m={n_m}. "
+        ". Received: devices=" + str([d.name for d in devices]) + f", n_m={n_m}"
+        + (f", prediction={prediction}" if extra else "") + ". "
         "To fix: " + "; ".join(suggestions) + ".")

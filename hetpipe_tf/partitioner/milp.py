@@ -41,7 +41,7 @@ from scipy.sparse import coo_matrix
 
 from hetpipe_tf.partitioner.comm import CommModel
 from hetpipe_tf.partitioner import dp
-from hetpipe_tf.partitioner.cost import CostModel, SyncMemory
+from hetpipe_tf.partitioner.cost import CostModel, PredictionMemory, SyncMemory
 from hetpipe_tf.partitioner.dp import device_classes
 from hetpipe_tf.partitioner.plan import PartitionError, Plan, StagePlan
 
@@ -607,9 +607,11 @@ def _to_plan(cm: CostModel, profile: Any, best: _Best, n_m: int, slots: int, sol
 
 def solve(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
           comm: CommModel | None = None, optimizer_slots: int = 0,
-          options: SolverOptions = SolverOptions(), sync: SyncMemory | None = None) -> Plan:
+          options: SolverOptions = SolverOptions(), sync: SyncMemory | None = None,
+          prediction: PredictionMemory | None = None) -> Plan:
     """Partition `profile`'s layers over `devices` (one virtual worker) with N_m in flight
-    (`sync`: a synchronous schedule's memory instead, with n_m = 1; cost.py).
+    (`sync`: a synchronous schedule's memory instead, with n_m = 1; `prediction`: the
+    staleness compensation's buffers; cost.py).
 
     Returns the Plan minimising the slowest stage; raises PartitionError when no partition
     fits, naming the devices short of memory and what would fit.
@@ -617,7 +619,8 @@ def solve(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
     _check_inputs(profile, devices, n_m)
     start = time.perf_counter()
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
-                   comm=comm, usable_fraction=options.usable_fraction, sync=sync)
+                   comm=comm, usable_fraction=options.usable_fraction, sync=sync,
+                   prediction=prediction)
     best, n_orders, solver = _search(cm, devices, options)
     if best is None and "time limit" in solver:
         raise PartitionError(
@@ -627,25 +630,27 @@ def solve(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
     if best is None:
         from hetpipe_tf.partitioner.diagnose import infeasible_error
         raise infeasible_error(profile, devices, n_m, cluster=cluster, comm=comm,
-                               optimizer_slots=optimizer_slots, options=options, sync=sync)
+                               optimizer_slots=optimizer_slots, options=options, sync=sync,
+                               prediction=prediction)
     return _to_plan(cm, profile, best, n_m, optimizer_slots, solver, n_orders,
                     time.perf_counter() - start)
 
 
 def fits(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
          optimizer_slots: int = 0, options: SolverOptions = SolverOptions(),
-         sync: SyncMemory | None = None) -> bool:
+         sync: SyncMemory | None = None, prediction: PredictionMemory | None = None) -> bool:
     """Whether some partition of the model over `devices` fits memory with N_m in flight
     (or under the synchronous schedule `sync`, n_m = 1)."""
     _check_inputs(profile, devices, n_m)
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
-                   usable_fraction=options.usable_fraction, sync=sync)
+                   usable_fraction=options.usable_fraction, sync=sync, prediction=prediction)
     return _search(cm, devices, options, objective="feasible")[0] is not None
 
 
 def max_minibatches(profile: Any, devices: Sequence[Any], *, cluster: Any,
                     optimizer_slots: int = 0, limit: int = 32,
-                    options: SolverOptions = SolverOptions()) -> int:
+                    options: SolverOptions = SolverOptions(),
+                    prediction: PredictionMemory | None = None) -> int:
     """Max_m: the largest N_m <= `limit` for which the virtual worker's memory suffices.
 
     Memory grows with N_m, so feasibility is monotone and a binary search finds the edge.
@@ -657,7 +662,7 @@ def max_minibatches(profile: Any, devices: Sequence[Any], *, cluster: Any,
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if fits(profile, devices, mid, cluster=cluster, optimizer_slots=optimizer_slots,
-                options=options):
+                options=options, prediction=prediction):
             lo = mid
         else:
             hi = mid - 1
@@ -667,7 +672,8 @@ def max_minibatches(profile: Any, devices: Sequence[Any], *, cluster: Any,
 def plan_virtual_workers(profile: Any, virtual_workers: Sequence[Sequence[Any]], *,
                          cluster: Any, comm: CommModel | None = None, optimizer_slots: int = 0,
                          n_m: int | None = None, limit: int = 32,
-                         options: SolverOptions = SolverOptions()) -> tuple[Plan, ...]:
+                         options: SolverOptions = SolverOptions(),
+                         prediction: PredictionMemory | None = None) -> tuple[Plan, ...]:
     """Plans for several virtual workers sharing one N_m = min over VWs of Max_m (Section 4).
 
     With `n_m` given it is used as is (and must fit every virtual worker).
@@ -677,7 +683,8 @@ def plan_virtual_workers(profile: Any, virtual_workers: Sequence[Sequence[Any]],
                              "virtual_workers=[].")
     if n_m is None:
         maxes = [max_minibatches(profile, vw, cluster=cluster, optimizer_slots=optimizer_slots,
-                                 limit=limit, options=options) for vw in virtual_workers]
+                                 limit=limit, options=options, prediction=prediction)
+                 for vw in virtual_workers]
         n_m = min(maxes)
         if n_m == 0:
             worst = maxes.index(0)
@@ -685,7 +692,7 @@ def plan_virtual_workers(profile: Any, virtual_workers: Sequence[Sequence[Any]],
             solve(profile, virtual_workers[worst], 1, cluster=cluster, comm=comm,
                   optimizer_slots=optimizer_slots, options=options)
     return tuple(solve(profile, vw, n_m, cluster=cluster, comm=comm,
-                       optimizer_slots=optimizer_slots, options=options)
+                       optimizer_slots=optimizer_slots, options=options, prediction=prediction)
                  for vw in virtual_workers)
 
 

@@ -19,7 +19,7 @@ from hetpipe_tf.cluster.catalog import get_device_type
 from hetpipe_tf.cluster.spec import Cluster, Device, tf_device_kind
 from hetpipe_tf.partitioner import milp
 from hetpipe_tf.partitioner.comm import CommModel
-from hetpipe_tf.partitioner.cost import SyncMemory, optimizer_slots
+from hetpipe_tf.partitioner.cost import PredictionMemory, SyncMemory, optimizer_slots
 from hetpipe_tf.partitioner.layer_graph import LayerGraph
 from hetpipe_tf.partitioner.plan import PartitionError, Plan
 from hetpipe_tf.partitioner.profile import ModelProfile, profile_model
@@ -65,7 +65,8 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
                optimizer: Any = "sgd", measure: bool = True, max_n_m: int = 32,
                comm: CommModel | None = None, profile: ModelProfile | None = None,
                options: milp.SolverOptions = milp.SolverOptions(),
-               sync: SyncMemory | None = None) -> PlannerResult:
+               sync: SyncMemory | None = None,
+               prediction: PredictionMemory | None = None) -> PlannerResult:
     """Profile `model` at `batch_size` and partition it over `devices` (default: all).
 
     Args:
@@ -76,6 +77,8 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
       profile: reuse a profile made earlier (same model and batch size).
       sync: plan for a synchronous schedule's memory (cost.py; N_m = 1, so `n_m` must be
         None or 1).
+      prediction: the staleness compensation's extra weight copies (cost.py; None: none),
+        charged in Max_m and the plan at N_m > 1.
     """
     _check_count("batch_size", batch_size, "the minibatch size, e.g. batch_size=32")
     if n_m is not None:
@@ -112,7 +115,8 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
         return PlannerResult(plan=dataclasses.replace(plan, notes=notes), profile=profile,
                              max_m=1)
     max_m = milp.max_minibatches(profile, chosen, cluster=cluster, optimizer_slots=slots,
-                                 limit=max(max_n_m, n_m or 1), options=options)
+                                 limit=max(max_n_m, n_m or 1), options=options,
+                                 prediction=prediction)
     if n_m is None:
         n_m = max(1, min(max_m, len(chosen)))
     elif n_m > max_m >= 1:
@@ -120,6 +124,6 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
             f"N_m exceeds what the devices' memory allows (Max_m={max_m}). Received: "
             f"n_m={n_m}; use n_m <= {max_m}, a smaller batch, or more devices.")
     plan = milp.solve(profile, chosen, n_m, cluster=cluster, comm=comm, optimizer_slots=slots,
-                      options=options)
+                      options=options, prediction=prediction)
     return PlannerResult(plan=dataclasses.replace(plan, notes=notes), profile=profile,
                          max_m=max_m)

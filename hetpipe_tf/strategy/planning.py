@@ -6,7 +6,9 @@ the others estimated from the catalog) and the MILP partitions it over the clust
 devices, in pipeline order, with N_m minibatches in flight (default: min(Max_m, k)), by
 `hetpipe_tf.partitioner.planner.plan_model`. With no `n_m` given, N_m is then chosen for
 time to accuracy (hetpipe_tf/strategy/defaults.py): the largest N_m only when filling the
-pipeline buys more time than its staleness costs in epochs.
+pipeline buys more time than its staleness costs in epochs. The memory model counts the
+staleness compensation's buffers (weight prediction's copies of the weights,
+strategy/prediction_memory.py).
 """
 
 from __future__ import annotations
@@ -89,8 +91,10 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
     bounds N_m further.
     """
     from hetpipe_tf.partitioner.planner import plan_model
+    from hetpipe_tf.strategy.prediction_memory import prediction_memory
 
     cl = resolve_cluster(cluster)
+    pm = prediction_memory(compensation)   # weight prediction's buffers (None: none)
     most = max_stages(model)
     if len(cl.devices) > most:
         vws = groups_within(cl.devices, most)
@@ -101,15 +105,16 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
             "/".join(str(len(v)) for v in vws), [[d.name for d in v] for v in vws])
         return plan_devices(model, batch_size, cl, vws, n_m, max_m, compensation)
     # `sync`: a synchronous schedule's memory model (partitioner/cost.py SyncMemory).
-    result = plan_model(model, cl, batch_size, n_m=n_m, optimizer=model.optimizer, sync=sync)
+    result = plan_model(model, cl, batch_size, n_m=n_m, optimizer=model.optimizer, sync=sync,
+                        prediction=pm)
     if max_m is not None and result.plan.n_m > max_m:
         result = plan_model(model, cl, batch_size, n_m=max_m, optimizer=model.optimizer,
-                            profile=result.profile)
+                            profile=result.profile, prediction=pm)
     if n_m is None and sync is None:
         best = _n_m_for_time((result.plan,), compensation)
         if best < result.plan.n_m:
             result = plan_model(model, cl, batch_size, n_m=best, optimizer=model.optimizer,
-                                profile=result.profile)
+                                profile=result.profile, prediction=pm)
     return (result.plan,)
 
 
@@ -133,20 +138,22 @@ def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int |
     once (the N_m rule of `plan_virtual_workers`)."""
     from hetpipe_tf.partitioner.milp import plan_virtual_workers as plan_all
     from hetpipe_tf.partitioner.planner import plan_model
+    from hetpipe_tf.strategy.prediction_memory import prediction_memory
 
+    pm = prediction_memory(compensation)   # weight prediction's buffers (None: none)
     first = plan_model(model, cl, batch_size, devices=vws[0], n_m=n_m,
-                       optimizer=model.optimizer)
+                       optimizer=model.optimizer, prediction=pm)
     plans = plan_all(first.profile, vws, cluster=cl, n_m=n_m,
-                     optimizer_slots=first.plan.optimizer_slots)
+                     optimizer_slots=first.plan.optimizer_slots, prediction=pm)
     if n_m is None and plans[0].n_m > min(len(vw) for vw in vws):
         plans = plan_all(first.profile, vws, cluster=cl, n_m=min(len(vw) for vw in vws),
-                         optimizer_slots=first.plan.optimizer_slots)
+                         optimizer_slots=first.plan.optimizer_slots, prediction=pm)
     if max_m is not None and plans[0].n_m > max_m:
         plans = plan_all(first.profile, vws, cluster=cl, n_m=max_m,
-                         optimizer_slots=first.plan.optimizer_slots)
+                         optimizer_slots=first.plan.optimizer_slots, prediction=pm)
     if n_m is None:
         best = _n_m_for_time(plans, compensation)
         if best < plans[0].n_m:
             plans = plan_all(first.profile, vws, cluster=cl, n_m=best,
-                             optimizer_slots=first.plan.optimizer_slots)
+                             optimizer_slots=first.plan.optimizer_slots, prediction=pm)
     return plans

@@ -38,9 +38,29 @@ def test_memory_benchmark_prints_each_stage_against_the_prediction():
         # the model's held count: N_m on every stage but the last, which holds 1
         held_model = int(r["held seen/model"].split("/")[1])
         assert held_model == (1 if int(r["stage"]) == int(r["stages"]) - 1 else int(r["N_m"]))
+        # --compensation defaults to none: no prediction buffers modelled or seen
+        assert r["copies model: versions / prediction"] == f"{int(r['N_m']) - 1} / 0", r
+        assert r["most copies seen: versions / prediction"].endswith("/ 0.00"), r
     # the process-wide allocator line, once per setting
     assert len(re.findall(r"process \(TF CPU allocator.*peak above its pre-run level "
                           r"[\d.]+ MiB", proc.stdout)) == len(settings)
+
+
+def test_memory_benchmark_counts_weight_prediction_buffers():
+    """--compensation=both: the predictor's d's are sampled as their own term and the
+    model charges them (PredictionMemory: N_m copies of the stage's trainable weights)."""
+    proc = run_binary("benchmarks.memory_benchmark", "--stages=2", "--nm=2",
+                      "--optimizers=sgd", "--depth=3", "--width=32", "--batch_size=8",
+                      "--steps=4", "--compensation=both")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compensation=both" in proc.stdout
+    _, rows = _rows(proc.stdout)
+    assert [r["stage"] for r in rows] == ["0", "1"]
+    for r in rows:
+        assert r["copies model: versions / prediction"] == "1 / 2", r
+        seen = float(r["most copies seen: versions / prediction"].split("/")[1])
+        assert 0 < seen <= 2.0 + 1e-6, r   # at least the zero d of the run's start
+        assert math.isfinite(float(r["ratio"])) and float(r["ratio"]) > 0, r
 
 
 def test_memory_benchmark_rejects_more_stages_than_layers():

@@ -125,3 +125,60 @@ def test_planner_moves_the_cut_for_the_update():
     assert by_cut[0] == pytest.approx(max(0.01 + 0.03 + t[0], 0.02 + 0.03 + t[0]))
     assert by_cut[1] == pytest.approx(max(0.01 + 0.03 + 0.02 + t[1], 0.03 + t[1]))
     assert min(by_cut, key=by_cut.get) == 0
+
+
+def test_prediction_memory_is_charged_per_version_at_n_m_above_one():
+    """Weight prediction's buffers (PredictionMemory): per_version x (N_m - 1) + constant
+    trainable copies at every position, nothing at N_m = 1 or by default."""
+    from hetpipe_tf.partitioner.cost import PredictionMemory
+
+    pm = PredictionMemory(per_version=3, constant=2)
+    assert [pm.copies(n) for n in (1, 2, 3, 4)] == [0, 5, 8, 11]
+    assert PredictionMemory().copies(4) == 0
+    cm, a, b = _setup(n_m=3)
+    plain = [c.memory_bytes for c in cm.evaluate([0], [a, b])]
+    # the default is today's model exactly: None and a zero PredictionMemory equal it
+    for p in (None, PredictionMemory()):
+        same = CostModel(cm.profile, [a, b], cm.cluster, n_m=3, optimizer_slots=2,
+                         usable_fraction=0.5, prediction=p)
+        assert [c.memory_bytes for c in same.evaluate([0], [a, b])] == plain
+    charged = CostModel(cm.profile, [a, b], cm.cluster, n_m=3, optimizer_slots=2,
+                        usable_fraction=0.5, prediction=pm)
+    first, second = charged.evaluate([0], [a, b])
+    # by hand (test_stage_costs_by_hand) + 3 * 2 + 2 = 8 copies of the trainable bytes:
+    # l0 holds 500 trainable bytes, l1 + l2 hold 2500, at both positions alike
+    assert first.memory_bytes == 1000 + 1500 + 1000 + 300 + 8 * 500
+    assert second.memory_bytes == 5000 + 7500 + 5000 + 500 + 10_000 + 8 * 2500
+    assert list(charged.prefix_memory(3) - cm.prefix_memory(3)) == [0, 4000, 12000, 24000]
+    # N_m = 1: no predictor, no charge
+    one = CostModel(cm.profile, [a, b], cm.cluster, n_m=1, prediction=pm)
+    assert list(one.fixed_memory) == list(CostModel(cm.profile, [a, b], cm.cluster,
+                                                    n_m=1).fixed_memory)
+
+
+@pytest.mark.parametrize("kw", [{"per_version": -1}, {"constant": 1.5},
+                                {"per_version": True}])
+def test_prediction_memory_rejects_what_is_not_a_count(kw):
+    from hetpipe_tf.partitioner.cost import PredictionMemory
+    with pytest.raises(ValueError, match=r"must be an int >= 0. Received: "):
+        PredictionMemory(**kw)
+
+
+def test_max_minibatches_counts_the_prediction_buffers():
+    """The Max_m search sees the buffers: on memory that holds N_m = 3 without them,
+    fewer minibatches fit with them (an independent count by hand of stage memory)."""
+    import dataclasses
+    from hetpipe_tf.partitioner.cost import PredictionMemory
+    from hetpipe_tf.partitioner.milp import max_minibatches
+
+    cm, a, _ = _setup(n_m=1)
+    # one device holding all 3 layers: weights 6000 + (grad + 2 slots) 9000 + per N_m:
+    # 3000 (a version) + 600 (activations, position 0 of 1 holds 1) -> 15_600 at N_m = 1,
+    # 15_000 + 3000 (N_m - 1) + 600 without prediction; + 3000 N_m with PredictionMemory(1, 1)
+    lone = dataclasses.replace(a, memory_bytes=25_000)
+    cluster = Cluster(hosts=(Host(name="h0", devices=(lone,), intra_bandwidth=1e9),),
+                      inter_bandwidth=1e6)
+    # usable 0.9 x 25_000 = 22_500: N_m = 3 (21_600) fits plain; with 3000 N_m only N_m = 1
+    assert max_minibatches(cm.profile, [lone], cluster=cluster, limit=8, optimizer_slots=2) == 3
+    assert max_minibatches(cm.profile, [lone], cluster=cluster, limit=8, optimizer_slots=2,
+                           prediction=PredictionMemory(1, 1)) == 1

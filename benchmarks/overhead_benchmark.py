@@ -39,7 +39,7 @@ from typing import Callable  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-from benchmarks._cli import run  # noqa: E402
+from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
 from benchmarks._workloads import (  # noqa: E402
     dense_stack, random_features, seconds_at_once)
 
@@ -65,6 +65,7 @@ _LARGE_SPLITS = flags.DEFINE_list(
     "large_splits", ["7", "6"],
     "Layers (of --large_depth + 1) on stage 0 of the 2-stage pipelines; each split is run "
     "with every --large_nm. The even split puts the extra layer on stage 0.")
+_COMPENSATION = compensation_flag("none")
 _PARTS = flags.DEFINE_list("parts", ["small", "large", "vw"], "Which parts to run.")
 
 flags.register_validator("large_nm", lambda v: bool(v) and all(s.isdigit() and int(s) > 0
@@ -131,7 +132,7 @@ def _plain(keras, tf, ds, device: str, depth: int, width: int) -> _Setting:
 def _strategy(keras, ds, name: str, depth: int, width: int, plans, **kwargs) -> _Setting:
     from hetpipe_tf.strategy import HetPipeStrategy
     keras.utils.set_random_seed(0)
-    strategy = HetPipeStrategy(plan=plans, **kwargs)
+    strategy = HetPipeStrategy(plan=plans, compensation=compensation(_COMPENSATION), **kwargs)
     with strategy.scope():
         model = dense_stack(keras, "pipelined", depth, width)
         _compile(keras, model)
@@ -282,6 +283,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected positional arguments. Received: {argv[1:]}; "
                              "pass options as --flag=value (--helpshort lists them).")
+    comp = compensation(_COMPENSATION)
     from hetpipe_tf.cluster.local import configure_logical_devices
     configure_logical_devices(4)   # 4 stages need 4 devices (a device runs one stage)
     logging.set_verbosity(logging.WARNING)   # the strategy logs every plan at INFO
@@ -294,7 +296,7 @@ def main(argv: list[str]) -> None:
     devices = [d.tf_device for d in Cluster.local(["LOCAL_CPU"] * 4).devices]
     print(f"Logical CPU devices on this machine's cores, 1 intra-op thread; {_STEPS.value} "
           f"timed minibatches per epoch, the fastest of {_REPEATS.value} epochs per setting "
-          "(round-robin).")
+          f"(round-robin); compensation {comp.value} in every HetPipe setting.")
     if "small" in _PARTS.value:
         _small(tf, keras, np, devices)
     if "large" in _PARTS.value:

@@ -28,7 +28,7 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks._cli import run  # noqa: E402
+from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
 from benchmarks._workloads import (  # noqa: E402
     dense_stack, random_features, seconds_at_once)
 
@@ -42,6 +42,7 @@ _DEPTH = flags.DEFINE_integer("depth", 24, "Hidden Dense layers.", lower_bound=2
 _NM = flags.DEFINE_list("nm", ["1", "2", "4", "8"], "N_m values of part 1.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed epochs per setting; the fastest counts.",
                                 lower_bound=1)
+_COMPENSATION = compensation_flag("none")
 _PARTS = flags.DEFINE_list("parts", ["1", "2", "3"], "Which parts to run.")
 
 flags.register_validator("nm", lambda v: all(s.isdigit() and int(s) > 0 for s in v),
@@ -73,7 +74,7 @@ def _throughput(model, ds) -> float:
 def _strategy_throughput(keras, ds, plan) -> float:
     from hetpipe_tf.strategy import HetPipeStrategy
     keras.utils.set_random_seed(0)
-    strategy = HetPipeStrategy(plan=plan)
+    strategy = HetPipeStrategy(plan=plan, compensation=compensation(_COMPENSATION))
     with strategy.scope():
         model = _build(keras, "pipelined")
         model.compile(keras.optimizers.SGD(1e-3), "sparse_categorical_crossentropy")
@@ -114,6 +115,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected positional arguments. Received: {argv[1:]}; "
                              "pass options as --flag=value (--helpshort lists them).")
+    comp = compensation(_COMPENSATION)
     from hetpipe_tf.cluster.local import configure_logical_devices
     configure_logical_devices(2)
     import keras
@@ -128,7 +130,8 @@ def main(argv: list[str]) -> None:
     ds = _dataset(tf, np)
     batch = _BATCH_SIZE.value
     print(f"Model: {_DEPTH.value} x Dense({_WIDTH.value}) + Dense(10), batch {batch}, "
-          f"{_STEPS.value} timed minibatches; 2 logical CPU devices, 1 intra-op thread.")
+          f"{_STEPS.value} timed minibatches; 2 logical CPU devices, 1 intra-op thread; "
+          f"compensation {comp.value}.")
     cluster = Cluster.local(["LOCAL_CPU", "LOCAL_CPU"])
     devices = [d.tf_device for d in cluster.devices]
     max_nm = max(int(n) for n in _NM.value)

@@ -44,7 +44,8 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks._cli import markdown_table, run  # noqa: E402
+from benchmarks._cli import (  # noqa: E402
+    compensation, compensation_flag, markdown_table, run)
 from benchmarks._workloads import dense_stack, random_features  # noqa: E402
 
 _STAGES = flags.DEFINE_list("stages", ["2", "4"], "Pipeline stages K of parts 1 and 2.")
@@ -60,6 +61,7 @@ _MEM_BATCH = flags.DEFINE_integer("memory_batch_size", 1024, "Minibatch size of 
                                   lower_bound=1)
 _SPEED = flags.DEFINE_float("emulated_speed", 0.25, "EMULATED speed factor of every stage in "
                             "parts 1 and 2 (1 = real speed).", lower_bound=0.01, upper_bound=1)
+_COMPENSATION = compensation_flag("none")
 _PARTS = flags.DEFINE_list("parts", ["1", "2", "3"], "Which parts to run.")
 
 flags.register_validator("stages", lambda v: all(s.isdigit() and int(s) > 0 for s in v),
@@ -83,7 +85,7 @@ def _fit(keras, ds, k, factor, schedule, m, remat=False, n_m=None):
     plan = even_plan(_build(keras), devices, n_m=n_m or 1, speed_factors=[factor] * k)
     kw = (dict(n_m=n_m, in_graph=False) if schedule is Schedule.HETPIPE
           else dict(schedule=schedule, micro_batches=m, rematerialize=remat))
-    strategy = HetPipeStrategy(plan=plan, **kw)
+    strategy = HetPipeStrategy(plan=plan, compensation=compensation(_COMPENSATION), **kw)
     with strategy.scope():
         model = _build(keras)
         model.compile(keras.optimizers.SGD(1e-3), "sparse_categorical_crossentropy")
@@ -278,6 +280,7 @@ def main(argv: list[str]) -> None:
     if bad:
         raise app.UsageError(f"Every --micro_batches value must divide --batch_size. "
                              f"Received: {bad} for --batch_size={_BATCH.value}.")
+    comp = compensation(_COMPENSATION)
     logging.getLogger("hetpipe_tf").setLevel(logging.WARNING)   # no plan tables per setting
     from hetpipe_tf.cluster.local import configure_logical_devices
     configure_logical_devices(max(stages + [2]))
@@ -288,7 +291,7 @@ def main(argv: list[str]) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(max(stages) + 2)
     print(f"Model: {_DEPTH.value} x Dense({_WIDTH.value}, relu) + Dense(10), batch "
           f"{_BATCH.value}, SGD; equal-layer split; {_STEPS.value} timed minibatches per "
-          "setting; logical CPU devices, 1 intra-op thread.")
+          f"setting; logical CPU devices, 1 intra-op thread; compensation {comp.value}.")
     ds = random_features(tf, np, _WIDTH.value, _BATCH.value, batches=4)
     if "1" in _PARTS.value:
         _part1(keras, ds, stages, micro)

@@ -28,6 +28,7 @@ def test_overhead_benchmark_tiny():
         figures = _figures(line)
         assert figures and all(math.isfinite(f) and f > 0 for f in figures), line
     assert "ceiling" in out and "MirroredStrategy" in out
+    assert "compensation none in every HetPipe setting" in out   # the paper's rules
 
 
 def test_overhead_benchmark_rejects_bad_parts():

@@ -28,7 +28,7 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks._cli import run  # noqa: E402
+from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
 
 _VWS = flags.DEFINE_integer("virtual_workers", 1, "1: one VW of 2 stages, one per worker "
                             "task; 2: two VWs of 1 stage under WSP, w_global on a ps task.",
@@ -37,6 +37,7 @@ _MINIBATCHES = flags.DEFINE_integer("minibatches", 40, "N: the first timed fit's
                                     "minibatches (the second has 4N).", lower_bound=2)
 _PARAMS = flags.DEFINE_integer("params", 3_400_000, "About how many model parameters.",
                                lower_bound=10_000)
+_COMPENSATION = compensation_flag("none")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
 
 FEATURES, DEPTH = 1024, 4
@@ -71,6 +72,7 @@ def main(argv: list[str]) -> None:
     if shutil.which("ss") is None:
         raise OSError("This benchmark reads socket counters with `ss` (iproute2), which is "
                       "not installed. Received: no `ss` on PATH; apt-get install iproute2.")
+    comp = compensation(_COMPENSATION)
     from hetpipe_tf.cluster.serve import start_local_servers
 
     vws = _VWS.value
@@ -103,7 +105,8 @@ def main(argv: list[str]) -> None:
         devices = [d.tf_device for d in cluster.devices]
         plans = (even_plan(probe, devices, n_m=2) if vws == 1
                  else [even_plan(probe, [d], n_m=1) for d in devices])
-        with HetPipeStrategy(cluster, plan=plans, clock_distance=0) as strategy:
+        with HetPipeStrategy(cluster, plan=plans, clock_distance=0,
+                             compensation=comp) as strategy:
             with strategy.scope():
                 model = build()
                 model.compile(keras.optimizers.Adam(1e-4),
@@ -128,8 +131,9 @@ def main(argv: list[str]) -> None:
         layout = ("1 VW x 2 stages (one per worker task)" if vws == 1 else
                   "2 VWs x 1 stage (one per worker task), w_global on the ps task, D=0")
         print(f"setting: {layout}; MLP of {model.count_params():,} parameters "
-              f"({size / 1e6:.1f} MB), batch {bs}, Adam; fits of {m1} and {m2} minibatches; "
-              "all tasks on 127.0.0.1 (one machine, shared cores)")
+              f"({size / 1e6:.1f} MB), batch {bs}, Adam, compensation {comp.value}; fits "
+              f"of {m1} and {m2} minibatches; all tasks on 127.0.0.1 (one machine, shared "
+              "cores)")
         print(f"input batch: {bs * FEATURES * 4:,} bytes")
         print(f"chief per minibatch: sent {per_mb[0]:,.0f} bytes ({per_mb[0] / size:.3f} model "
               f"sizes), received {per_mb[1]:,.0f} bytes ({per_mb[1] / size:.3f} model sizes)")

@@ -25,7 +25,7 @@ import time  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-from benchmarks._cli import run  # noqa: E402
+from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
 
 _MINIBATCHES = flags.DEFINE_integer("minibatches", 15_000, "Minibatches to train (Keras "
                                     "steps, over all virtual workers).", lower_bound=1)
@@ -40,6 +40,7 @@ _NM = flags.DEFINE_integer("nm", 2, "Minibatches in flight N_m per virtual worke
                            lower_bound=1)
 _D = flags.DEFINE_integer("clock_distance", 1, "WSP clock distance D (2 virtual workers).",
                           lower_bound=0)
+_COMPENSATION = compensation_flag("none")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Minibatch size.", lower_bound=1)
 
 STAGES = 2
@@ -85,6 +86,7 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     rss_kib()   # fail early off Linux
+    comp = compensation(_COMPENSATION)
     logging.set_verbosity(logging.ERROR)   # the VWs' plans: not news here
     from hetpipe_tf.cluster.local import configure_logical_devices
 
@@ -108,7 +110,8 @@ def main(argv: list[str]) -> int:
     probe = build_model()
     plans = [even_plan(probe, devices[w * STAGES:(w + 1) * STAGES], n_m=_NM.value)
              for w in range(vws)]
-    strategy = HetPipeStrategy(plan=plans if vws > 1 else plans[0], clock_distance=_D.value)
+    strategy = HetPipeStrategy(plan=plans if vws > 1 else plans[0], clock_distance=_D.value,
+                               compensation=comp)
     with strategy.scope():
         model = build_model()
         model.compile(keras.optimizers.SGD(0.01), "mse")
@@ -122,6 +125,7 @@ def main(argv: list[str]) -> int:
 
     setting = (f"{vws} VW(s) x {STAGES} stages on {', '.join(devices[:vws * STAGES])}, "
                f"N_m={_NM.value}" + (f", D={_D.value}" if vws > 1 else "") +
+               f", compensation {comp.value}" +
                f"; model 2 x Dense({WIDTH}), batch {batch}, SGD; {n:,} minibatches as "
                f"{n // chunk} epochs of {chunk}")
     print(f"Memory soak: {setting}.")

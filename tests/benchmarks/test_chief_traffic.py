@@ -22,6 +22,7 @@ def test_one_vw_sends_no_model_sized_traffic_through_the_chief():
     # minibatch; what remains is the input batch (the chief reads the dataset).
     assert sent < 0.2 and received < 0.2, proc.stdout
     assert "chief per run:" in proc.stdout and "input batch:" in proc.stdout
+    assert "Adam, compensation none;" in proc.stdout   # the paper's rules by default
 
 
 def test_bad_flags_end_with_one_line():

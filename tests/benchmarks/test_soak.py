@@ -17,6 +17,7 @@ def test_soak_prints_the_rss_figures_one_vw():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "1 VW(s) x 2 stages" in proc.stdout and "300 minibatches as 6 epochs of 50" \
         in proc.stdout
+    assert "N_m=2, compensation none;" in proc.stdout   # the paper's rules by default
     rows = _rows(proc.stdout)
     assert set(rows) == {"warm-up", "middle", "end"}, proc.stdout
     assert rows["warm-up"][0] == 100 and rows["end"][0] == 300

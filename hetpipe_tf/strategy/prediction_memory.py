@@ -11,8 +11,11 @@ N_m - 1 updates, so each version adds one update and one such term.
 Measured (benchmarks/memory_benchmark.py --compensation, docs/memory.md "Staleness
 compensation"), in copies of the stage's trainable weights at N_m > 1, beside w_local and
 the N_m - 1 stashed versions:
-  PREDICT, BOTH, ALL:   N_m - 1 + 2     (the d's, and the predicted weights)
-  BOTH_DC, BOTH_GA:     3 (N_m - 1) + 3
+  PREDICT, BOTH, ALL:   N_m = (N_m - 1) + 1        (up to N_m pending d's; or, once the
+                        stage took the newest version, its predicted weights and the
+                        latest d: 2 <= N_m)
+  BOTH_DC, BOTH_GA:     3 N_m - 1 = 3 (N_m - 1) + 2  (N_m pending versions' windows:
+                        2 N_m - 1 distinct updates and N_m ms or C*C terms)
   NONE, MOMENTUM, AVERAGE: nothing (no predictor exists).
 The partitioner takes plain counts (`PredictionMemory`) and imports nothing of the
 pipeline; this module maps a Compensation to them.

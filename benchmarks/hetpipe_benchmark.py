@@ -30,7 +30,7 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks._cli import load_cluster, run  # noqa: E402
+from benchmarks._cli import compensation, compensation_flag, load_cluster, run  # noqa: E402
 from hetpipe_tf import models  # noqa: E402
 from hetpipe_tf.cluster.allocation import AllocationPolicy  # noqa: E402
 
@@ -55,6 +55,7 @@ _NM = flags.DEFINE_integer("nm", 0, "Minibatches in flight N_m; 0 = the default:
                            "min(Max_m, stages), simulate mode the largest N_m every virtual "
                            "worker fits (min over VWs of Max_m).", lower_bound=0)
 _STALENESS = flags.DEFINE_integer("staleness", 0, "Clock distance D (WSP).", lower_bound=0)
+_COMPENSATION = compensation_flag("none")   # run mode (the others build no strategy)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Minibatch size.", lower_bound=1)
 _INPUT_SIZE = flags.DEFINE_integer("input_size", 0, "Image side (features for mlp); 0 = the "
                                    "model's default.", lower_bound=0)
@@ -172,6 +173,7 @@ def _run() -> None:
             "--mode=run trains on the devices at hand, which here are logical CPU devices: "
             f"use --cluster=local. Received: --cluster={_CLUSTER.value}; use --mode=simulate "
             "for a cluster that is not at hand.")
+    comp = compensation(_COMPENSATION)
     cluster = _cluster()
     if _BATCH_SIZE.value % len(cluster.devices):
         raise app.UsageError(
@@ -204,7 +206,8 @@ def _run() -> None:
     for w, plan in enumerate(plans):
         print(f"virtual worker {w} ({type_string(vws[w])}):\n{plan.table()}")
     strategy = HetPipeStrategy(cluster, plan=plans[0] if len(plans) == 1 else plans,
-                               clock_distance=_STALENESS.value, placement=_PLACEMENT.value)
+                               clock_distance=_STALENESS.value, placement=_PLACEMENT.value,
+                               compensation=comp)
     with strategy.scope():
         model = _model()
         model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
@@ -225,7 +228,8 @@ def _run() -> None:
         baseline.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
     allreduce, _ = _timed_fit(baseline, ds)
     print(f"\nHetPipe, {len(plans)} virtual worker(s), N_m={plans[0].n_m}, "
-          f"D={_STALENESS.value}, placement={_PLACEMENT.value}: {hetpipe:8.1f} images/s")
+          f"D={_STALENESS.value}, placement={_PLACEMENT.value}, compensation={comp.value}: "
+          f"{hetpipe:8.1f} images/s")
     print(f"all-reduce data parallelism (MirroredStrategy, {len(devices)} replicas, global "
           f"batch {_BATCH_SIZE.value}): {allreduce:8.1f} images/s = "
           f"{hetpipe / allreduce:.2f}x for HetPipe (the baseline runs every device at real "

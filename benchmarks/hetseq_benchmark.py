@@ -181,7 +181,7 @@ def main(argv: list[str]) -> None:
             plan=lambda m: [even_plan(m, [d.tf_device], n_m=1,   # one VW a device
                                       speed_factors=[d.emulated_speed_factor])
                             for d in emulated.devices],
-            data_parallel="wsp_split")
+            data_parallel="wsp_split", compensation="none")   # named: no staleness at D=0
         rows["WSP split batches, D=1 (measured emulation)"] = HetPipeStrategy(
             emulated, data_parallel="hetseq", clock_distance=1)
     fitted = {}

@@ -4,10 +4,11 @@ r"""WSP freshness: accuracy of two virtual workers with and without fresh pulls.
   python -m benchmarks.wsp_freshness --optimizers=sgd,momentum,adam --distances=0,4,32
 
 Trains a digits-like MLP (64 -> 64 -> 64 -> 10) with 2 virtual workers x 2 stages on 4
-logical CPU devices, N_m = 2, under WSP with clock distance D, once with `fresh_pulls`
-off ("before": a VW pulls only at wave ends with clock c >= D, and at run starts) and
-once on ("after": at every wave end it also takes whatever newer w_global the servers
-hold, without waiting), beside plain Keras on one device from the same initial weights.
+logical CPU devices, N_m = 2, under WSP with clock distance D (--compensation, by default
+none: the paper's rules), once with `fresh_pulls` off ("before": a VW pulls only at wave
+ends with clock c >= D, and at run starts) and once on ("after": at every wave end it also
+takes whatever newer w_global the servers hold, without waiting), beside plain Keras on
+one device from the same initial weights.
 Clocks continue across epochs in both (docs/wsp.md). Prints one row per setting: final
 test accuracy, pulls taken without waiting, the largest clock distance and the time
 spent waiting for other VWs' waves. An optimizer that fails prints its error in its row.
@@ -29,6 +30,8 @@ import time  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
+from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
+
 OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "sgd": ("SGD", {"learning_rate": 0.1}),
     "momentum": ("SGD", {"learning_rate": 0.02, "momentum": 0.9}),
@@ -48,6 +51,7 @@ _NOISE = flags.DEFINE_float("noise", 0.2, "Pixel noise of the synthetic digits."
                             lower_bound=0.0)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the data; repeat r draws the initial "
                              "weights and the shuffling from seed + r.")
+_COMPENSATION = compensation_flag("none")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Trainings per setting (the VWs' interleaving "
                                 "is not deterministic: one run says little).", lower_bound=1)
 
@@ -159,6 +163,7 @@ def _summary(label: str, rows: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    comp = compensation(_COMPENSATION)
     logging.set_verbosity(logging.ERROR)   # the VWs' plans and retracing notes: not news here
     from hetpipe_tf.cluster.local import configure_logical_devices
 
@@ -192,7 +197,7 @@ def main(argv: list[str]) -> int:
           f"batch {_BATCH_SIZE.value} ({split // _BATCH_SIZE.value} minibatches per epoch "
           f"over all VWs), {_EPOCHS.value} epochs, {_REPEATS.value} repeat(s) (seeds "
           f"{_SEED.value}..{_SEED.value + _REPEATS.value - 1}); {VWS} VWs x {STAGES} stages "
-          f"on {devices[:VWS * STAGES]}, N_m={_NM.value}.\n"
+          f"on {devices[:VWS * STAGES]}, N_m={_NM.value}, compensation {comp.value}.\n"
           "before = fresh_pulls=False, after = fresh_pulls=True (clocks continue across "
           "epochs in both); accuracy = mean over repeats, min, max; fresh_pulls = pulls at "
           "wave ends with c < D per training; max_dist = largest clock spread.")
@@ -210,7 +215,7 @@ def main(argv: list[str]) -> int:
                     plans = [even_plan(probe, devices[w * STAGES:(w + 1) * STAGES],
                                        n_m=_NM.value) for w in range(VWS)]
                     strategy = HetPipeStrategy(plan=plans, clock_distance=d,
-                                               fresh_pulls=fresh)
+                                               fresh_pulls=fresh, compensation=comp)
                     rows.append(_train(name, w0, train, test, strategy))
                     if "error" in rows[-1]:
                         break
@@ -220,4 +225,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run(main)

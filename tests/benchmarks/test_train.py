@@ -18,6 +18,7 @@ def test_default_job_is_two_virtual_workers_under_wsp():
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "WSP clock distance D=1, optimizer adam" in out
+    assert "staleness compensation both (the strategy's default)" in out
     assert "2 virtual workers by NP allocation: vw0=[host0/cpu0, host0/cpu1], " \
            "vw1=[host1/cpu0, host1/cpu1]" in out
     blocks = _plan_blocks(out)
@@ -39,10 +40,11 @@ def test_default_job_is_two_virtual_workers_under_wsp():
 
 def test_one_virtual_worker_mode_stays_reachable():
     proc = run_binary("benchmarks.train", *TINY, "--virtual_workers=1",
-                      "--speed_factors=1.0,0.5", "--optimizer=sgd")
+                      "--speed_factors=1.0,0.5", "--optimizer=sgd", "--compensation=none")
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "1 virtual worker over every device, optimizer sgd" in out
+    assert "staleness compensation none\n" in out   # named by --compensation
     blocks = _plan_blocks(out)
     assert len(blocks) == 1 and "emulated x0.5" in blocks[0]
     assert "clock distance" not in out and "global weights" not in out  # no servers
@@ -72,3 +74,11 @@ def test_train_refuses_ed_with_one_slow_device_before_training():
 def test_train_rejects_an_unknown_optimizer():
     proc = run_binary("benchmarks.train", "--optimizer=rmsprop")
     assert proc.returncode != 0 and "--optimizer" in proc.stderr
+
+
+def test_train_rejects_an_unknown_compensation_in_one_line():
+    proc = run_binary("benchmarks.train", "--compensation=magic")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "usage error: --compensation must name a hetpipe_tf Compensation. Received: " \
+           "--compensation=magic" in proc.stderr
+    assert "--helpfull" not in proc.stderr and "Epoch 1" not in proc.stdout

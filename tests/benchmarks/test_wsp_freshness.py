@@ -10,6 +10,7 @@ def test_wsp_freshness_prints_the_table_tiny():
                       "--distances=0,8", "--optimizers=sgd", "--batch_size=16",
                       "--repeats=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "N_m=2, compensation none." in proc.stdout   # the paper's rules by default
     # setting, accuracy (mean, min, max), seconds[, fresh pulls, max clock spread, wait,
     # clocks]
     rows = {m.group(1).strip(): m.groups()[1:] for m in re.finditer(

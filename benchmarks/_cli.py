@@ -55,22 +55,30 @@ def load_cluster(value: str, flag: str = "--cluster"):
         raise ValueError(f"{flag}={value}: {e}") from None
 
 
+# hetpipe_tf.Compensation's names for --help, which should not load TensorFlow (the enum
+# lives beside it); tests/benchmarks/test_bad_input.py keeps the two equal.
+COMPENSATION_NAMES = ("none", "predict", "momentum", "both", "average", "all", "both_dc",
+                      "both_ga")
+
+
 def compensation_flag(default: str) -> flags.FlagHolder:
     """Defines --compensation, the staleness compensation of every HetPipeStrategy a binary
     builds; read it with `compensation(flag)` at the start of main. default "none": the
     paper's rules, which the runtime figures in docs/ were measured under; "": the
     strategy's own default (BOTH). Checked in main, not by absl at parsing, so a bad name
-    is the one-line usage error of `run` (and the names, which live beside TensorFlow, do
-    not load it for --help)."""
+    is the one-line usage error of `run`."""
     if default == "none":
         what = ("Default none: the paper's rules, under which the figures in docs/ were "
                 "measured (the strategy's own default is both).")
     else:
         what = "Empty (the default): the strategy's default, both."
+    # The binary's flag, so that its --helpshort lists it (absl names __main__ by argv[0]).
+    caller = sys._getframe(1).f_globals["__name__"]
     return flags.DEFINE_string(
         "compensation", default, "Staleness compensation of every HetPipeStrategy built: a "
-        "hetpipe_tf Compensation name (none, predict, momentum, both, average, all, "
-        f"both_dc, both_ga; docs/convergence.md). {what} HetSeq strategies always get none.")
+        f"hetpipe_tf Compensation name ({', '.join(COMPENSATION_NAMES)}; "
+        f"docs/convergence.md). {what} HetSeq strategies always get none.",
+        module_name=sys.argv[0] if caller == "__main__" else caller)
 
 
 def compensation(flag: flags.FlagHolder):

@@ -107,3 +107,11 @@ def test_usage_errors_print_the_message_not_the_help():
     _assert_one_line_error(proc, "--batch_size=32 for 3 devices", code=2)
     for binary in ("benchmarks.planner_benchmark", "benchmarks.pipeline_benchmark"):
         _assert_one_line_error(run_binary(binary, "extra"), "['extra']", code=2)
+
+
+def test_the_compensation_flag_lists_every_compensation_name():
+    # --help lists _cli's copy of the names (the enum's module loads TensorFlow).
+    from benchmarks._cli import COMPENSATION_NAMES
+    from hetpipe_tf.pipeline.compensation import Compensation
+
+    assert COMPENSATION_NAMES == tuple(c.value for c in Compensation)

@@ -64,6 +64,11 @@ OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "adam": ("Adam", {"learning_rate": 1e-3}),
     "adamw": ("AdamW", {"learning_rate": 1e-3, "weight_decay": 1e-4}),
     "sgd": ("SGD", {"learning_rate": 0.1}),
+    # Milder momentum settings, where staleness does not destabilise training and a
+    # compensation's cost (a smaller effective step) shows (docs/convergence.md).
+    "momentum_mild": ("SGD", {"learning_rate": 0.01, "momentum": 0.9}),
+    "nesterov": ("SGD", {"learning_rate": 0.01, "momentum": 0.9, "nesterov": True}),
+    "rmsprop_momentum": ("RMSprop", {"learning_rate": 2e-4, "momentum": 0.9}),
 }
 COMPENSATIONS = ("none", "predict", "momentum", "both", "average", "all", "both_dc",
                  "both_ga")

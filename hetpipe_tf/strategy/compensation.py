@@ -103,13 +103,18 @@ def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int 
 
 def log_choice(compensation: Compensation, by_default: bool, n_m: int | None,
                num_vws: int = 1, clock_distance: int = 0) -> None:
-    """Name the compensation in the log where it changes training (staleness exists), so a
-    user comparing against the paper's rules sees that it is on and how to turn it off."""
+    """Name the compensation in the log where it changes training, so a user comparing
+    against the paper's rules sees that it is on and how to turn it off."""
     s = implied_staleness(n_m, num_vws, clock_distance)
-    if s == 0 or compensation is Compensation.NONE:
+    acts = ((compensation.predicts and (n_m or 1) > 1)
+            or (compensation.reduces_momentum and s > 0)
+            or (compensation.averages and num_vws > 1))
+    if not acts:   # e.g. PREDICT at N_m = 1: no predictor exists, training is unchanged
         return
     logger.info(
         "Staleness compensation %s%s for %d virtual worker(s) at N_m=%s, D=%d (implied "
         "staleness %d; docs/convergence.md). Pass compensation=\"none\" to train by the "
-        "paper's rules exactly.", compensation.name,
-        " (the default)" if by_default else "", num_vws, n_m, clock_distance, s)
+        "paper's rules exactly%s.", compensation.name,
+        " (the default)" if by_default else "", num_vws, n_m, clock_distance, s,
+        "" if compensation.reduces_momentum else
+        ", or \"both\" to also lower momentum if momentum SGD diverges under staleness")

@@ -28,13 +28,15 @@ __all__ = ["STALENESS_EPOCH_COST", "epoch_cost", "pace_s", "n_m_for_time_to_accu
 # Relative epochs to the target per minibatch of local staleness, measured on the
 # time-to-accuracy benchmark (docs/convergence.md, "Defaults"): by compensation.
 STALENESS_EPOCH_COST = {"none": 2.5, "compensated": 0.25}
+# Costed as no compensation: AVERAGE does nothing for local staleness, and PREDICT alone
+# does not keep momentum SGD from collapsing at N_m = 2 (digits: never reached the target).
+_COSTED_AS_NONE = (None, "none", "average", "predict")
 
 
 def epoch_cost(compensation) -> float:
     """c of the rule for a Compensation (or its name)."""
     name = getattr(compensation, "value", compensation)
-    return STALENESS_EPOCH_COST["none" if name in (None, "none", "average")
-                                else "compensated"]
+    return STALENESS_EPOCH_COST["none" if name in _COSTED_AS_NONE else "compensated"]
 
 
 def pace_s(stage_times: Sequence[float], n_m: int) -> float:

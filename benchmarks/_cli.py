@@ -65,7 +65,7 @@ def compensation_flag(default: str) -> flags.FlagHolder:
     """Defines --compensation, the staleness compensation of every HetPipeStrategy a binary
     builds; read it with `compensation(flag)` at the start of main. default "none": the
     paper's rules, which the runtime figures in docs/ were measured under; "": the
-    strategy's own default (PREDICT). Checked in main, not by absl at parsing, so a bad name
+    strategy's own default (BOTH). Checked in main, not by absl at parsing, so a bad name
     is the one-line usage error of `run`."""
     if default == "none":
         what = ("Default none: the paper's rules, under which the figures in docs/ were "

@@ -9,7 +9,7 @@ workers (VWs), one per host, so the second VW is the slower one; the planner pro
 model and partitions it into one 2-stage pipeline per VW, and the VWs do data parallelism
 through parameter servers under Wave Synchronous Parallel with clock distance D=1, all
 under plain Keras `model.fit` with Adam and the strategy's default staleness compensation
-(PREDICT; --compensation=none trains by the paper's rules). The task is generated offline:
+(BOTH; --compensation=none trains by the paper's rules). The task is generated offline:
 four interleaved spirals, lifted to 16 features (learnable, not linear). Prints the
 cluster, the VWs, the compensation, Keras' progress, each VW's plan, the largest clock
 distance reached (bounded by D+1), each VW's wait for global weights (the VW holding the

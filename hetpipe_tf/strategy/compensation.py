@@ -116,5 +116,6 @@ def log_choice(compensation: Compensation, by_default: bool, n_m: int | None,
         "staleness %d; docs/convergence.md). Pass compensation=\"none\" to train by the "
         "paper's rules exactly%s.", compensation.name,
         " (the default)" if by_default else "", num_vws, n_m, clock_distance, s,
-        "" if compensation.reduces_momentum else
+        ", or \"predict\" to keep the optimizer's momentum (closer to plain Keras where "
+        "staleness does not destabilise training)" if compensation.reduces_momentum else
         ", or \"both\" to also lower momentum if momentum SGD diverges under staleness")

@@ -71,8 +71,8 @@ class HetPipeStrategy(tf.distribute.Strategy):
       rematerialize: synchronous schedules only: non-last stages keep only their inputs
         and recompute their forward in the backward (GPipe's re-materialization).
       compensation: staleness compensation (docs/convergence.md). None (the default):
-        `Compensation.PREDICT`, or NONE in HetSeq mode (no staleness; a log line names it
-        when a layout has staleness). `Compensation.NONE` (or "none") trains by the paper's rules
+        `Compensation.BOTH`, or NONE in HetSeq mode (no staleness; a log line names it
+        where it changes training). `Compensation.NONE` (or "none") trains by the paper's rules
         exactly; `Compensation.PREDICT` forwards each
         minibatch at its weight version moved ahead by the local updates it misses;
         `Compensation.MOMENTUM` lowers the stage optimizers' momentum by the momentum that
@@ -120,11 +120,11 @@ class HetPipeStrategy(tf.distribute.Strategy):
                                    compensation)
         extended.data_parallel = DataParallel.parse(data_parallel)
         if compensation is None:
-            # The default (docs/convergence.md "The defaults"): weight prediction where
-            # staleness can exist; HetSeq's synchronous steps have none to compensate.
+            # The default (docs/convergence.md "The defaults"): BOTH where staleness can
+            # exist; HetSeq's synchronous steps have none to compensate.
             extended.compensation = (Compensation.NONE
                                      if extended.data_parallel is DataParallel.HETSEQ
-                                     else Compensation.PREDICT)
+                                     else Compensation.BOTH)
         extended.compensation_by_default = compensation is None
         extended.shares = check_hetseq_arguments(
             extended.data_parallel, shares, plans=extended.plans, plan_fn=extended._plan_fn,

@@ -38,7 +38,7 @@ def test_time_mode_tiny_table():
     # Sync DP summed (the linear scaling rule) and averaged (MirroredStrategy's step).
     assert labels[2] == "sync DP 4 VWs x 1 stage, N_m=1, D=0, averaged", labels
     # The defaults row names what the strategy chose; then the compensation, 1F1B, HetSeq.
-    assert labels[3] == "HetPipe NP 2 VWs (planner), defaults (predict)", labels
+    assert labels[3] == "HetPipe NP 2 VWs (planner), defaults (both)", labels
     assert labels[4].endswith("D=0, all")
     assert labels[5].startswith("1F1B") and labels[6].startswith("HetSeq")
     # The defaults: N_m within min(Max_m, k) = 2 as the time-to-accuracy rule picks, D = 0.

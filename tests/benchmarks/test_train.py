@@ -18,7 +18,7 @@ def test_default_job_is_two_virtual_workers_under_wsp():
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "WSP clock distance D=1, optimizer adam" in out
-    assert "staleness compensation predict (the strategy's default)" in out
+    assert "staleness compensation both (the strategy's default)" in out
     assert "2 virtual workers by NP allocation: vw0=[host0/cpu0, host0/cpu1], " \
            "vw1=[host1/cpu0, host1/cpu1]" in out
     blocks = _plan_blocks(out)

@@ -2,7 +2,7 @@
 
 PREDICT equals an independent reference of weight prediction under the local staleness
 rule; MOMENTUM equals the staleness reference with the reduced momentum while the model's
-optimizer keeps the user's; PREDICT is the default where staleness can exist (NONE, the
+optimizer keeps the user's; BOTH is the default where staleness can exist (NONE, the
 paper's rules, is checked by the existing references, which ask for it by name).
 """
 
@@ -169,14 +169,14 @@ def test_bad_compensation_is_refused_before_training():
                         compensation="weight-prediction")
 
 
-def test_the_default_is_predict_and_named_in_the_log_where_it_acts(caplog):
-    """No compensation given: PREDICT, with a log line naming it and the way to the
-    paper's rules; the user's momentum is kept; nothing is logged where nothing is
-    predicted (N_m = 1)."""
+def test_the_default_is_both_and_named_in_the_log_where_it_acts(caplog):
+    """No compensation given: BOTH, with a log line naming it and the ways to the paper's
+    rules and to the user's momentum; the stage optimizers' momentum is lowered, the
+    model's kept; nothing is logged where nothing is stale (N_m = 1, one VW)."""
     x, y = regression_data(N, 3)
     for n_m, logged in ((2, True), (1, False)):
         strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=n_m))
-        assert strategy.extended.compensation is Compensation.PREDICT
+        assert strategy.extended.compensation is Compensation.BOTH
         with strategy.scope():
             model = skip_model(0)
             model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
@@ -184,12 +184,15 @@ def test_the_default_is_predict_and_named_in_the_log_where_it_acts(caplog):
         with caplog.at_level("INFO", logger="hetpipe_tf.strategy.compensation"):
             model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         text = caplog.text
-        assert ("Staleness compensation PREDICT (the default)" in text) is logged, text
+        assert ("Staleness compensation BOTH (the default)" in text) is logged, text
         stages = strategy.pipeline(model).versions.stages
         if logged:
-            assert 'compensation="none"' in text and "N_m=2" in text and '"both"' in text
+            assert 'compensation="none"' in text and "N_m=2" in text and '"predict"' in text
             assert all(s.predictor is not None and s.predictor.predicted > 0 for s in stages)
-        assert [s.optimizer.momentum for s in stages] == [pytest.approx(0.9)] * 2
+        # s = N_m - 1: 0.9 -> 0.8 on the stages at N_m = 2; untouched at N_m = 1.
+        assert [s.optimizer.momentum for s in stages] == [pytest.approx(
+            0.8 if logged else 0.9)] * 2
+        assert model.optimizer.momentum == pytest.approx(0.9)
         strategy.close()
 
 

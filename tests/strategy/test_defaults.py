@@ -52,8 +52,8 @@ def test_cost_decides_between_throughput_and_staleness():
     assert n_m_for_time_to_accuracy([[1.0, 0.2]], 2, 0.25) == 1  # unbalanced: 1.2x pace
     assert epoch_cost(Compensation.NONE) == STALENESS_EPOCH_COST["none"]
     assert epoch_cost("average") == STALENESS_EPOCH_COST["none"]   # no local compensation
-    # PREDICT alone (the strategy's default) leaves momentum SGD's N_m = 2 collapse partly
-    # open, so the default N_m is chosen as without compensation.
+    # PREDICT alone leaves momentum SGD's N_m = 2 collapse partly open, so with it the
+    # default N_m is chosen as without compensation.
     assert epoch_cost(Compensation.PREDICT) == STALENESS_EPOCH_COST["none"]
     assert epoch_cost(Compensation.ALL) == epoch_cost("both") == \
         STALENESS_EPOCH_COST["compensated"]

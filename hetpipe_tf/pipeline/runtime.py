@@ -270,7 +270,7 @@ class PipelineRuntime(ThreadedExecutor):
 
     def _run_task(self, j: int, stage: Stage, kind, mb: Minibatch, payload, t0):
         if kind == _APPLY:
-            self.versions.apply(j, mb.id, *_scaled(mb, j))
+            self.versions.apply(j, mb.id, *_scaled(mb, j, stage.device))
             return
         if kind is TaskKind.FORWARD:
             inputs = mb.inputs if j == 0 else payload
@@ -368,7 +368,7 @@ class PipelineRuntime(ThreadedExecutor):
             for j in range(1, len(self.stages)):   # FIFO before the stage's later forwards
                 self._put(self._queues[j], (_APPLY, mb, None))
         t0 = time.perf_counter()
-        self.versions.apply(0, mb.id, *_scaled(mb, 0))
+        self.versions.apply(0, mb.id, *_scaled(mb, 0, self.stages[0].device))
         # Seconds of stage 0's own update (optimizer + its next snapshot): work outside every
         # task span on stage 0's thread.
         self.update_s.append(time.perf_counter() - t0)
@@ -389,15 +389,20 @@ class PipelineRuntime(ThreadedExecutor):
             self._cond.notify_all()
 
 
-def _scaled(mb: Minibatch, j: int) -> tuple[list, list]:
+def _scaled(mb: Minibatch, j: int, device: str) -> tuple[list, list]:
     """Stage j's gradients and non-trainable deltas of `mb`, times its loss scale (a split
     batch's share n_k / N: the gradient is linear in the loss, so this is the gradient of
-    the weighted loss; the metrics saw the unweighted one)."""
+    the weighted loss; the metrics saw the unweighted one), on stage j's `device`."""
     grads, deltas = mb.grads.pop(j), mb.deltas.pop(j)
     s = mb.loss_scale
     if s is None:
         return grads, deltas
+    with tf.device(device):   # unpinned, eager ops run on the caller's default device:
+        return _times(grads, deltas, s)   # in a cluster job the chief (cluster_jobs.md)
 
+
+def _times(grads: list, deltas: list, s: float) -> tuple[list, list]:
+    """Every float gradient and delta times s (IndexedSlices: their values)."""
     def times(x):
         if x is None or not x.dtype.is_floating:
             return x

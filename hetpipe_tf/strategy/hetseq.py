@@ -115,7 +115,9 @@ def check_layout_options(extended) -> None:
     compensation = getattr(extended, "compensation", None)
     if compensation is not None and getattr(compensation, "value", "none") != "none":
         raise ValueError(
-            "HetSeq mode is synchronous: there is no staleness to compensate. Received: "
+            "HetSeq mode takes no staleness compensation (its steps are synchronous; with "
+            "clock_distance > 0 its one-device VWs run at N_m = 1 under WSP's bound). "
+            "Received: "
             f"data_parallel='hetseq' with compensation={compensation.value!r}; drop "
             "compensation.")
 

@@ -94,7 +94,7 @@ def _refused_when_made_or_at_fit(match, **kwargs):
 def test_options_that_mean_nothing_here_are_refused_before_training():
     from hetpipe_tf.core.sync_schedule import Schedule
     _refused_when_made_or_at_fit("schedule", schedule=Schedule.GPIPE, micro_batches=2)
-    _refused_when_made_or_at_fit("no staleness to compensate", compensation="predict")
+    _refused_when_made_or_at_fit("takes no staleness compensation", compensation="predict")
     strategy = HetPipeStrategy(_cluster(), data_parallel="hetseq")
     with strategy.scope():
         model = skip_model(0)

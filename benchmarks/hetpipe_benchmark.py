@@ -197,12 +197,14 @@ def _run() -> None:
           + ", ".join(f"vw{w}=[{', '.join(d.name for d in vw)}]" for w, vw in enumerate(vws)))
     from hetpipe_tf.partitioner.layer_graph import LayerGraph
     _check_vw_sizes(vws, len(LayerGraph.from_model(_model()).nodes))
+    from hetpipe_tf.strategy.prediction_memory import prediction_memory
+    pm = prediction_memory(comp)   # the compensation's buffers, as the strategy plans them
     first = plan_model(_model(), cluster, _BATCH_SIZE.value, devices=vws[0],
-                       n_m=_NM.value or None)
+                       n_m=_NM.value or None, prediction=pm)
     profile = first.profile
     plans = (first.plan,) if len(vws) == 1 else plan_virtual_workers(
         profile, vws, cluster=cluster, n_m=_NM.value or None,
-        optimizer_slots=first.plan.optimizer_slots)
+        optimizer_slots=first.plan.optimizer_slots, prediction=pm)
     for w, plan in enumerate(plans):
         print(f"virtual worker {w} ({type_string(vws[w])}):\n{plan.table()}")
     strategy = HetPipeStrategy(cluster, plan=plans[0] if len(plans) == 1 else plans,

@@ -59,6 +59,7 @@ import weakref  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks import _cli  # noqa: E402
 from benchmarks._cli import markdown_table, run  # noqa: E402
 from benchmarks._workloads import dense_stack, random_features  # noqa: E402
 
@@ -70,11 +71,7 @@ _WIDTH = flags.DEFINE_integer("width", 512, "Units of every hidden Dense layer."
                               lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Minibatch size.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 20, "Measured minibatches per setting.", lower_bound=1)
-_COMPENSATION = flags.DEFINE_string(
-    "compensation", "none",
-    "HetPipeStrategy's staleness compensation (hetpipe_tf Compensation name). Passed "
-    "explicitly: the strategy's own default is 'both'; 'none' keeps the figures of "
-    "docs/memory.md comparable.")
+_COMPENSATION = _cli.compensation_flag("none")   # passed explicitly (docs/memory.md)
 _SAMPLE_MS = flags.DEFINE_float("sample_ms", 1.0, "Sampling interval of the held buffers.",
                                 lower_bound=0.1)
 
@@ -349,8 +346,10 @@ def main(argv: list[str]) -> None:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(max(stages) + 2)
     from hetpipe_tf.partitioner.profile import profile_model
-    from hetpipe_tf.pipeline.compensation import Compensation
-    compensation = Compensation.parse(_COMPENSATION.value)
+    compensation = _cli.compensation(_COMPENSATION)
+    if compensation is None:   # "": the memory model needs the compensation by name
+        raise app.UsageError("--compensation must name a compensation here (its buffers "
+                             "are modelled). Received: --compensation=''; e.g. both.")
 
     print(f"Model: {_DEPTH.value} x Dense({_WIDTH.value}, relu) + Dense(10), batch "
           f"{_BATCH_SIZE.value}, float32; {_STEPS.value} measured minibatches per setting; "

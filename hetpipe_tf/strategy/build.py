@@ -195,7 +195,7 @@ def build_training(extended, model, data) -> Training:
                                   extended.clock_distance)
     predictor = predictor_factory(extended.compensation, extended.n_m, vws)
     log_choice(extended.compensation, extended.compensation_by_default,
-               extended.n_m, vws, extended.clock_distance)
+               extended.n_m, vws, extended.clock_distance, adjusted=adjust is not None)
     if hetseq:
         runtime = build_hetseq(extended, model, program, batch_size, update_metrics, strategy)
     elif len(extended.plans) == 1:

@@ -42,7 +42,7 @@ from hetpipe_tf.pipeline.gap_aware import GapAwarePredictor
 from hetpipe_tf.strategy.averaging import averaging_adjustment
 
 __all__ = ["Compensation", "implied_staleness", "reduced_momentum", "optimizer_adjustment",
-           "predictor_factory", "log_choice"]
+           "predicts", "predictor_factory", "log_choice"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +86,17 @@ def optimizer_adjustment(compensation: Compensation, n_m: int | None, num_vws: i
     return adjust
 
 
+def predicts(compensation: Compensation, n_m: int | None) -> bool:
+    """Whether stages get a predictor: weight prediction and local staleness (with N_m = 1
+    no version misses a local update)."""
+    return compensation.predicts and (n_m or 1) > 1
+
+
 def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int = 1
                       ) -> Callable[[str], WeightPredictor | None]:
-    """device -> the stage's predictor (None without weight prediction or local
-    staleness: with N_m = 1 no version misses a local update)."""
+    """device -> the stage's predictor (None where `predicts` is False)."""
     def make(device: str) -> WeightPredictor | None:
-        if not compensation.predicts or (n_m or 1) <= 1:
+        if not predicts(compensation, n_m):
             return None
         if compensation.corrects_delay:
             return DelayCompensatedPredictor(device, n_m, scale=float(num_vws))
@@ -102,15 +107,13 @@ def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int 
 
 
 def log_choice(compensation: Compensation, by_default: bool, n_m: int | None,
-               num_vws: int = 1, clock_distance: int = 0) -> None:
-    """Name the compensation in the log where it changes training, so a user comparing
-    against the paper's rules sees that it is on and how to turn it off."""
+               num_vws: int = 1, clock_distance: int = 0, adjusted: bool = False) -> None:
+    """Name the compensation in the log where it changes training (`adjusted`: the stage
+    optimizers get an `optimizer_adjustment`), so a user comparing against the paper's
+    rules sees that it is on and how to turn it off."""
+    if not (adjusted or predicts(compensation, n_m)):
+        return   # e.g. PREDICT at N_m = 1: no predictor exists, training is unchanged
     s = implied_staleness(n_m, num_vws, clock_distance)
-    acts = ((compensation.predicts and (n_m or 1) > 1)
-            or (compensation.reduces_momentum and s > 0)
-            or (compensation.averages and num_vws > 1))
-    if not acts:   # e.g. PREDICT at N_m = 1: no predictor exists, training is unchanged
-        return
     logger.info(
         "Staleness compensation %s%s for %d virtual worker(s) at N_m=%s, D=%d (implied "
         "staleness %d; docs/convergence.md). Pass compensation=\"none\" to train by the "

@@ -1,13 +1,12 @@
 """plan_model end to end: profile a real Keras model, find Max_m and N_m, solve."""
 
-import dataclasses
-
 import pytest
 
 from hetpipe_tf import models
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.partitioner.plan import PartitionError
 from hetpipe_tf.partitioner.planner import measurable_devices, plan_model
+from tests.strategy.helpers import with_device_memory
 
 
 def test_local_cpu_types_are_measured_and_gpu_types_estimated():
@@ -23,19 +22,13 @@ def test_local_cpu_types_are_measured_and_gpu_types_estimated():
     plan.check_matches(["dense_1", "dense_2", "dense_3", "predictions"])
 
 
-def _with_memory(cluster, nbytes):
-    return Cluster(hosts=tuple(dataclasses.replace(h, devices=tuple(
-        dataclasses.replace(d, memory_bytes=nbytes) for d in h.devices)) for h in cluster.hosts),
-        inter_bandwidth=cluster.inter_bandwidth)
-
-
 def test_default_n_m_and_n_m_above_max_m():
     cluster = Cluster.local(["LOCAL_CPU", "LOCAL_CPU"])
     model = models.build_model("small_cnn", num_classes=10)
     result = plan_model(model, cluster, 4, measure=False, max_n_m=4)
     assert result.max_m == 4 and result.plan.n_m == 2     # default min(Max_m, k)
     # With 3 MB a device, far fewer than 40 minibatches of activations fit.
-    squeezed = _with_memory(cluster, 3_000_000)
+    squeezed = with_device_memory(cluster, 3_000_000)
     with pytest.raises(PartitionError, match=r"Max_m=\d+\). Received: n_m=40"):
         plan_model(model, squeezed, 4, n_m=40, profile=result.profile)
 

@@ -118,3 +118,14 @@ def threaded_one_stage(x, y, warmup_rows: int):
         model.compile(keras.optimizers.SGD(0.01), "mse")
     model.fit(x[:warmup_rows], y[:warmup_rows], batch_size=8, epochs=1, verbose=0)
     return strategy, model, strategy.pipeline(model)
+
+
+def with_device_memory(cluster, nbytes: int):
+    """`cluster` with every device's memory set to `nbytes` (squeezed clusters for the
+    planner's memory rows)."""
+    import dataclasses
+
+    from hetpipe_tf.cluster.spec import Cluster
+    return Cluster(hosts=tuple(dataclasses.replace(h, devices=tuple(
+        dataclasses.replace(d, memory_bytes=nbytes) for d in h.devices)) for h in cluster.hosts),
+        inter_bandwidth=cluster.inter_bandwidth)

@@ -2,7 +2,6 @@
 buffers (docs/memory.md "Staleness compensation"): a device that fits a stage without them
 is refused, by name, when the compensation predicts."""
 
-import dataclasses
 import itertools
 
 import keras
@@ -14,6 +13,7 @@ from hetpipe_tf.partitioner.plan import PartitionError
 from hetpipe_tf.pipeline.compensation import Compensation
 from hetpipe_tf.strategy.planning import plan_with_partitioner
 from hetpipe_tf.strategy.prediction_memory import prediction_memory
+from tests.strategy.helpers import with_device_memory
 
 
 def test_each_compensation_maps_to_its_measured_copies():
@@ -39,12 +39,6 @@ def _model():
     return model
 
 
-def _with_memory(cluster, nbytes):
-    return Cluster(hosts=tuple(dataclasses.replace(h, devices=tuple(
-        dataclasses.replace(d, memory_bytes=nbytes) for d in h.devices)) for h in cluster.hosts),
-        inter_bandwidth=cluster.inter_bandwidth)
-
-
 def test_a_device_that_fits_without_prediction_is_refused_with_it():
     from hetpipe_tf.partitioner.planner import plan_model
 
@@ -52,7 +46,7 @@ def test_a_device_that_fits_without_prediction_is_refused_with_it():
     model = _model()
     (plan,) = plan_with_partitioner(model, 8, roomy, 2, None, compensation=Compensation.NONE)
     # Each device gets exactly what the plan without prediction needs (usable 0.9).
-    tight = _with_memory(roomy, -(-max(s.memory_bytes for s in plan.stages) * 10 // 9) + 16)
+    tight = with_device_memory(roomy, -(-max(s.memory_bytes for s in plan.stages) * 10 // 9) + 16)
     (fitted,) = plan_with_partitioner(model, 8, tight, 2, None, compensation="none")
     assert fitted.n_m == 2
     # MOMENTUM and AVERAGE keep no predictor: N_m = 2 fits as without compensation
@@ -82,7 +76,7 @@ def test_the_infeasible_error_names_the_prediction_buffers():
 
     roomy = Cluster.local(["LOCAL_CPU"])
     result = plan_model(_model(), roomy, 8, n_m=2, optimizer="sgd")
-    tight = _with_memory(roomy, -(-result.plan.stages[0].memory_bytes * 10 // 9) + 16)
+    tight = with_device_memory(roomy, -(-result.plan.stages[0].memory_bytes * 10 // 9) + 16)
     solve(result.profile, tight.devices, 2, cluster=tight)   # fits without prediction
     with pytest.raises(PartitionError, match=r"n_m=2, prediction=PredictionMemory\(per_version=1, "
                        r"constant=1\). To fix: without weight prediction's 2 extra copies of "

@@ -35,9 +35,12 @@ averages=True)`, or by name "predict+average"); a correction without prediction 
 the gradients of versions read as they are (its memory is charged as with prediction, an
 upper bound; not measured).
 
-Adding a compensation: a new composition of these parts is one preset line (or none: build
-the value); a new gradient correction is one `Correction` member and one `TABLE` row here,
-its predictor class (a `WeightPredictor` subclass, as delay_compensation.py), and tests.
+Adding a compensation: a new composition of these parts is one preset line here (or none:
+build the value), plus tests. A new gradient correction is one `Correction` member and one
+`TABLE` row (with its predictor's factory) here, its predictor class (a `WeightPredictor`
+subclass in a module of its own, as delay_compensation.py) and tests. A new part that acts
+on the stage optimizers is a field and a row here and its adjustment in
+`strategy/compensation.optimizer_adjustment`.
 
 This module loads no TensorFlow (the predictors are imported when a stage's is made), so
 the binaries' flag help reads `PRESET_NAMES` from here.
@@ -47,7 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Callable, ClassVar
+from typing import Callable
 
 from hetpipe_tf._args import parse_enum
 from hetpipe_tf.partitioner.cost import PredictionMemory
@@ -128,15 +131,6 @@ class Compensation:
     reduces_momentum: bool = False
     averages: bool = False
     correction: Correction = Correction.NONE
-
-    NONE: ClassVar[Compensation]
-    PREDICT: ClassVar[Compensation]
-    MOMENTUM: ClassVar[Compensation]
-    BOTH: ClassVar[Compensation]
-    AVERAGE: ClassVar[Compensation]
-    ALL: ClassVar[Compensation]
-    BOTH_DC: ClassVar[Compensation]
-    BOTH_GA: ClassVar[Compensation]
 
     def __post_init__(self):
         for name in ("predicts", "reduces_momentum", "averages"):
@@ -225,6 +219,7 @@ def _show(v) -> str:
     return str(v) if isinstance(v, enum.Enum) else repr(v)
 
 
+# The named presets (module docstring); a new one is one line here.
 Compensation.NONE = Compensation()
 Compensation.PREDICT = Compensation(predicts=True)
 Compensation.MOMENTUM = Compensation(reduces_momentum=True)
@@ -236,9 +231,8 @@ Compensation.BOTH_DC = Compensation(predicts=True, reduces_momentum=True,
 Compensation.BOTH_GA = Compensation(predicts=True, reduces_momentum=True,
                                     correction=Correction.GAP)
 
-# The presets by name, in the order users and --help list them.
+# The presets by name, in the order they are defined above (as users and --help list them).
 PRESETS: dict[str, Compensation] = {
-    n.lower(): getattr(Compensation, n)
-    for n in ("NONE", "PREDICT", "MOMENTUM", "BOTH", "AVERAGE", "ALL", "BOTH_DC", "BOTH_GA")}
+    n.lower(): c for n, c in vars(Compensation).items() if isinstance(c, Compensation)}
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 _NAME_OF: dict[Compensation, str] = {c: n for n, c in PRESETS.items()}

@@ -28,6 +28,9 @@ def test_each_compensation_maps_to_its_measured_copies():
         else:
             assert [pm.copies(n) for n in (1, 2, 4)] == [0, 2, 4], c
     assert prediction_memory(None) is None and prediction_memory("both") == PredictionMemory(1, 1)
+    # compositions: the predictor's copies (a correction's window, with or without prediction)
+    assert prediction_memory("predict+average") == PredictionMemory(1, 1)
+    assert prediction_memory("dc") == prediction_memory("momentum+ga") == PredictionMemory(3, 2)
 
 
 def _model():

@@ -16,6 +16,9 @@ from typing import Callable
 
 from absl import app, flags
 
+# TF-free: the binaries' --help lists the names without loading TensorFlow.
+from hetpipe_tf.pipeline.compensation import PRESET_NAMES, Compensation
+
 USAGE_EXIT, ERROR_EXIT = 2, 1
 
 
@@ -55,12 +58,6 @@ def load_cluster(value: str, flag: str = "--cluster"):
         raise ValueError(f"{flag}={value}: {e}") from None
 
 
-# hetpipe_tf.Compensation's names for --help, which should not load TensorFlow (the enum
-# lives beside it); tests/benchmarks/test_bad_input.py keeps the two equal.
-COMPENSATION_NAMES = ("none", "predict", "momentum", "both", "average", "all", "both_dc",
-                      "both_ga")
-
-
 def compensation_flag(default: str) -> flags.FlagHolder:
     """Defines --compensation, the staleness compensation of every HetPipeStrategy a binary
     builds; read it with `compensation(flag)` at the start of main. default "none": the
@@ -76,7 +73,7 @@ def compensation_flag(default: str) -> flags.FlagHolder:
     caller = sys._getframe(1).f_globals["__name__"]
     return flags.DEFINE_string(
         "compensation", default, "Staleness compensation of every HetPipeStrategy built: a "
-        f"hetpipe_tf Compensation name ({', '.join(COMPENSATION_NAMES)}; "
+        f"hetpipe_tf Compensation name ({', '.join(PRESET_NAMES)}; "
         f"docs/convergence.md). {what} HetSeq strategies always get none.",
         module_name=sys.argv[0] if caller == "__main__" else caller)
 
@@ -84,8 +81,6 @@ def compensation_flag(default: str) -> flags.FlagHolder:
 def compensation(flag: flags.FlagHolder):
     """The hetpipe_tf Compensation --compensation names; None for "" (the strategy's
     default). Any other value is an app.UsageError."""
-    from hetpipe_tf.pipeline.compensation import Compensation
-
     if not flag.value:
         return None
     try:
@@ -94,7 +89,7 @@ def compensation(flag: flags.FlagHolder):
         raise app.UsageError(
             "--compensation must name a hetpipe_tf Compensation. Received: "
             f"--compensation={flag.value}; use one of "
-            f"{', '.join(c.value for c in Compensation)}.") from None
+            f"{', '.join(PRESET_NAMES)}.") from None
 
 
 def markdown_table(rows: list[tuple[str, ...]]) -> str:

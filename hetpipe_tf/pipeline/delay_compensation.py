@@ -33,7 +33,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from hetpipe_tf.pipeline.compensation import WeightPredictor
+from hetpipe_tf.pipeline.weight_prediction import WeightPredictor
 
 DEFAULT_LAMBDA = 2.0   # lambda_0 (docs/convergence.md: 1, 2, 4 and 8 measured; 2 best)
 DEFAULT_MS_DECAY = 0.95   # m, DC-ASGD-a's value

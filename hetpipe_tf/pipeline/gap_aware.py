@@ -34,15 +34,9 @@ DEFAULT_STEP_DECAY = 0.99   # of the EMA of u * u (docs/convergence.md, third se
 
 
 class GapAwarePredictor(DelayCompensatedPredictor):
-    """A `WeightPredictor` whose stage also divides each gradient by its gap.
-
-    Args:
-      device: the stage's device.
-      n_m: minibatches in flight (the local delay is N_m - 1 updates).
-      scale: N, the number of virtual workers (as WeightPredictor's).
-      look_ahead: also forward at the predicted weights (weight prediction).
-      step_decay: the decay of the moving average of the squared update.
-    """
+    """A `WeightPredictor` whose stage also divides each gradient by its gap. device,
+    n_m, scale and look_ahead as `DelayCompensatedPredictor`'s; `step_decay`: the decay of
+    the moving average of the squared update (in place of DC-ASGD's lambda_0, ms_decay)."""
 
     def __init__(self, device: str, n_m: int, scale: float = 1.0, look_ahead: bool = True,
                  step_decay: float = DEFAULT_STEP_DECAY):

@@ -1,6 +1,10 @@
-"""Staleness compensation on the strategy's side: which stage objects each option makes.
+"""Staleness compensation on the strategy's side: what each option gives the stages.
 
-`Compensation.PREDICT` gives every stage a `WeightPredictor` (pipeline/compensation.py):
+The stages' predictors come from the compensation's row of `pipeline/compensation.TABLE`
+(`predictor_factory`); the stage optimizers' adjustment (momentum reduction, averaging) is
+`optimizer_adjustment` here.
+
+`Compensation.PREDICT` gives every stage a `WeightPredictor` (pipeline/weight_prediction.py):
 forwards read their weight version moved ahead by N x k_p steps of the stage's last update,
 k_p = the local updates the version misses, N = the number of virtual workers (each VW's
 update stands for every VW's: the other N - 1 VWs also move w_global while p is in flight).
@@ -36,9 +40,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from hetpipe_tf.pipeline.compensation import Compensation, WeightPredictor
-from hetpipe_tf.pipeline.delay_compensation import DelayCompensatedPredictor
-from hetpipe_tf.pipeline.gap_aware import GapAwarePredictor
+from hetpipe_tf.pipeline.compensation import Compensation
+from hetpipe_tf.pipeline.weight_prediction import WeightPredictor
 from hetpipe_tf.strategy.averaging import averaging_adjustment
 
 __all__ = ["Compensation", "implied_staleness", "reduced_momentum", "optimizer_adjustment",
@@ -87,9 +90,10 @@ def optimizer_adjustment(compensation: Compensation, n_m: int | None, num_vws: i
 
 
 def predicts(compensation: Compensation, n_m: int | None) -> bool:
-    """Whether stages get a predictor: weight prediction and local staleness (with N_m = 1
-    no version misses a local update)."""
-    return compensation.predicts and (n_m or 1) > 1
+    """Whether stages get a predictor: a part that keeps stage state (weight prediction, a
+    gradient correction) and local staleness (with N_m = 1 no version misses a local
+    update)."""
+    return compensation.has_predictor and (n_m or 1) > 1
 
 
 def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int = 1
@@ -98,11 +102,7 @@ def predictor_factory(compensation: Compensation, n_m: int | None, num_vws: int 
     def make(device: str) -> WeightPredictor | None:
         if not predicts(compensation, n_m):
             return None
-        if compensation.corrects_delay:
-            return DelayCompensatedPredictor(device, n_m, scale=float(num_vws))
-        if compensation.penalizes_gap:
-            return GapAwarePredictor(device, n_m, scale=float(num_vws))
-        return WeightPredictor(device, scale=float(num_vws))
+        return compensation.make_predictor(device, n_m, num_vws)
     return make
 
 

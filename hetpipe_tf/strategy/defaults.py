@@ -23,20 +23,22 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from hetpipe_tf.pipeline.compensation import EPOCH_COST_UNCOMPENSATED, Compensation
+
 __all__ = ["STALENESS_EPOCH_COST", "epoch_cost", "pace_s", "n_m_for_time_to_accuracy"]
 
 # Relative epochs to the target per minibatch of local staleness, measured on the
-# time-to-accuracy benchmark (docs/convergence.md, "Defaults"): by compensation.
-STALENESS_EPOCH_COST = {"none": 2.5, "compensated": 0.25}
-# Costed as no compensation: AVERAGE does nothing for local staleness, and PREDICT alone
-# does not keep momentum SGD from collapsing at N_m = 2 (digits: never reached the target).
-_COSTED_AS_NONE = (None, "none", "average", "predict")
+# time-to-accuracy benchmark (docs/convergence.md, "Defaults"): without compensation and
+# with BOTH. Each compensation's cost is its row of pipeline/compensation.TABLE.
+STALENESS_EPOCH_COST = {"none": EPOCH_COST_UNCOMPENSATED,
+                        "compensated": Compensation.BOTH.epoch_cost}
 
 
 def epoch_cost(compensation) -> float:
-    """c of the rule for a Compensation (or its name)."""
-    name = getattr(compensation, "value", compensation)
-    return STALENESS_EPOCH_COST["none" if name in _COSTED_AS_NONE else "compensated"]
+    """c of the rule for a Compensation, its name, or None (no compensation)."""
+    if compensation is None:
+        return EPOCH_COST_UNCOMPENSATED
+    return Compensation.parse(compensation).epoch_cost
 
 
 def pace_s(stage_times: Sequence[float], n_m: int) -> float:

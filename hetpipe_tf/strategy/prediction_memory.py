@@ -1,9 +1,9 @@
 """What a staleness compensation holds in memory, for the planner (partitioner/cost.py).
 
-Weight prediction (pipeline/compensation.py) keeps, per stage, d as of each pending weight
-version (`StageWeights._d_of`, one d per version in flight, each shaped like the stage's
-trainable weights) and the latest d, and a forward reads predicted weights w_v + k d, a
-buffer of its own where without prediction the newest version shares w_local's. Delay
+Weight prediction (pipeline/weight_prediction.py) keeps, per stage, d as of each pending
+weight version (`StageWeights._d_of`, one d per version in flight, each shaped like the
+stage's trainable weights) and the latest d, and a forward reads predicted weights w_v + k d,
+a buffer of its own where without prediction the newest version shares w_local's. Delay
 compensation and Gap-Aware (pipeline/delay_compensation.py, gap_aware.py) carry in d the
 stage's last N_m updates and one more term (ms, C*C): consecutive versions' windows share
 N_m - 1 updates, so each version adds one update and one such term.
@@ -17,8 +17,8 @@ the N_m - 1 stashed versions:
   BOTH_DC, BOTH_GA:     3 N_m - 1 = 3 (N_m - 1) + 2  (N_m pending versions' windows:
                         2 N_m - 1 distinct updates and N_m ms or C*C terms)
   NONE, MOMENTUM, AVERAGE: nothing (no predictor exists).
-The partitioner takes plain counts (`PredictionMemory`) and imports nothing of the
-pipeline; this module maps a Compensation to them.
+The counts are the `memory` column of `pipeline/compensation.TABLE`; the partitioner takes
+them as plain counts (`PredictionMemory`) and imports nothing of the pipeline.
 """
 
 from __future__ import annotations
@@ -28,19 +28,10 @@ from hetpipe_tf.pipeline.compensation import Compensation
 
 __all__ = ["prediction_memory"]
 
-# Worst cases over the stages and the run (module docstring).
-_PREDICTION = PredictionMemory(per_version=1, constant=1)   # N_m
-_WINDOW = PredictionMemory(per_version=3, constant=2)       # 3 N_m - 1
-
 
 def prediction_memory(compensation) -> PredictionMemory | None:
     """The extra trainable-sized copies `compensation` keeps (None: none). Accepts a
     Compensation, its name, or None (no compensation)."""
     if compensation is None:
         return None
-    c = Compensation.parse(compensation)
-    if not c.predicts:
-        return None
-    if c.corrects_delay or c.penalizes_gap:
-        return _WINDOW
-    return _PREDICTION
+    return Compensation.parse(compensation).memory

@@ -2,11 +2,13 @@
 a non-zero exit, no traceback and no --help text before it."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from hetpipe_tf.cluster.spec import Cluster, Device, Host, paper_cluster
-from tests.benchmarks.binaries import run_binary
+from tests.benchmarks.binaries import ROOT, run_binary
 
 GIB = 2**30
 
@@ -110,8 +112,18 @@ def test_usage_errors_print_the_message_not_the_help():
 
 
 def test_the_compensation_flag_lists_every_compensation_name():
-    # --help lists _cli's copy of the names (the enum's module loads TensorFlow).
-    from benchmarks._cli import COMPENSATION_NAMES
-    from hetpipe_tf.pipeline.compensation import Compensation
+    """--help lists the presets from their one home, which loads no TensorFlow."""
+    code = ("import sys; from absl import flags; from benchmarks import _cli; "
+            "_cli.compensation_flag('none'); print(flags.FLAGS['compensation'].help); "
+            "print([m for m in ('tensorflow', 'keras') if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    help_text, loaded = proc.stdout.strip().rsplit("\n", 1)
+    assert loaded == "[]", proc.stdout
+    from hetpipe_tf.pipeline.compensation import PRESET_NAMES, Compensation
 
-    assert COMPENSATION_NAMES == tuple(c.value for c in Compensation)
+    assert f"({', '.join(PRESET_NAMES)};" in help_text, help_text
+    assert PRESET_NAMES == ("none", "predict", "momentum", "both", "average", "all",
+                            "both_dc", "both_ga")
+    assert all(Compensation.parse(n).value == n for n in PRESET_NAMES)

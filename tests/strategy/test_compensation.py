@@ -176,7 +176,7 @@ def test_the_default_is_both_and_named_in_the_log_where_it_acts(caplog):
     x, y = regression_data(N, 3)
     for n_m, logged in ((2, True), (1, False)):
         strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=n_m))
-        assert strategy.extended.compensation is Compensation.BOTH
+        assert strategy.extended.compensation == Compensation.BOTH
         with strategy.scope():
             model = skip_model(0)
             model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
@@ -200,6 +200,6 @@ def test_hetseq_defaults_to_none_and_still_refuses_a_compensation_by_name():
     from hetpipe_tf.cluster.spec import Cluster
     cluster = Cluster.local(["LOCAL_CPU"] * 2)
     strategy = HetPipeStrategy(cluster, data_parallel="hetseq")
-    assert strategy.extended.compensation is Compensation.NONE
+    assert strategy.extended.compensation == Compensation.NONE
     with pytest.raises(ValueError, match="compensation='both'"):
         HetPipeStrategy(cluster, data_parallel="hetseq", compensation="both")

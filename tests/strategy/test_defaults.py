@@ -57,3 +57,8 @@ def test_cost_decides_between_throughput_and_staleness():
     assert epoch_cost(Compensation.PREDICT) == STALENESS_EPOCH_COST["none"]
     assert epoch_cost(Compensation.ALL) == epoch_cost("both") == \
         STALENESS_EPOCH_COST["compensated"]
+    # A composition is costed by its parts: momentum reduction is the measured help.
+    assert epoch_cost(None) == epoch_cost("predict+average") == STALENESS_EPOCH_COST["none"]
+    assert epoch_cost("momentum+average") == STALENESS_EPOCH_COST["compensated"]
+    with pytest.raises(ValueError, match="compensation='lookahead'"):
+        epoch_cost("lookahead")

@@ -10,7 +10,7 @@ import pytest
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.partitioner.cost import CostModel, PredictionMemory
 from hetpipe_tf.partitioner.plan import PartitionError
-from hetpipe_tf.pipeline.compensation import Compensation
+from hetpipe_tf.pipeline.compensation import PRESETS, Compensation
 from hetpipe_tf.strategy.planning import plan_with_partitioner
 from hetpipe_tf.strategy.prediction_memory import prediction_memory
 from tests.strategy.helpers import with_device_memory
@@ -19,7 +19,7 @@ from tests.strategy.helpers import with_device_memory
 def test_each_compensation_maps_to_its_measured_copies():
     # measured (docs/memory.md): N_m copies with weight prediction, 3 N_m - 1 with
     # delay compensation's or Gap-Aware's window; none without a predictor
-    for c in Compensation:
+    for c in PRESETS.values():
         pm = prediction_memory(c)
         if not c.predicts:
             assert pm is None, c
@@ -28,6 +28,9 @@ def test_each_compensation_maps_to_its_measured_copies():
         else:
             assert [pm.copies(n) for n in (1, 2, 4)] == [0, 2, 4], c
     assert prediction_memory(None) is None and prediction_memory("both") == PredictionMemory(1, 1)
+    # compositions: the predictor's copies (a correction's window, with or without prediction)
+    assert prediction_memory("predict+average") == PredictionMemory(1, 1)
+    assert prediction_memory("dc") == prediction_memory("momentum+ga") == PredictionMemory(3, 2)
 
 
 def _model():

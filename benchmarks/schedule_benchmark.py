@@ -253,8 +253,7 @@ def _part3(tf, np, keras, m) -> None:
                 plan = strategy.plan
             finally:
                 strategy.close()
-            sync = SyncMemory(m, one_f_one_b=schedule is Schedule.ONE_F_ONE_B,
-                              rematerialize=remat)
+            sync = SyncMemory(m, schedule=schedule, rematerialize=remat)
             cm = CostModel(profile, cluster.devices, cluster, n_m=1, sync=sync)
             costs = cm.evaluate([plan.stages[0].last], list(cluster.devices))
             for j, (got, c) in enumerate(zip(measured, costs)):

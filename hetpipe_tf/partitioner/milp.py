@@ -39,6 +39,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
+from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.partitioner.comm import CommModel
 from hetpipe_tf.partitioner import dp
 from hetpipe_tf.partitioner.cost import CostModel, PredictionMemory, SyncMemory
@@ -697,7 +698,7 @@ def plan_virtual_workers(profile: Any, virtual_workers: Sequence[Sequence[Any]],
 
 
 def min_micro_batches(profile: Any, devices: Sequence[Any], *, cluster: Any,
-                      one_f_one_b: bool = False, rematerialize: bool = False,
+                      schedule: Schedule = Schedule.GPIPE, rematerialize: bool = False,
                       optimizer_slots: int = 0,
                       options: SolverOptions = SolverOptions()) -> int | None:
     """The fewest micro-batches M (a divisor of the profile's batch size) for which a
@@ -705,7 +706,7 @@ def min_micro_batches(profile: Any, devices: Sequence[Any], *, cluster: Any,
     with M (cost.py). None when not even M = batch size fits."""
     batch = int(profile.batch_size)
     for m in (d for d in range(1, batch + 1) if batch % d == 0):
-        sync = SyncMemory(m, one_f_one_b=one_f_one_b, rematerialize=rematerialize)
+        sync = SyncMemory(m, schedule=schedule, rematerialize=rematerialize)
         if fits(profile, devices, 1, cluster=cluster, optimizer_slots=optimizer_slots,
                 options=options, sync=sync):
             return m

@@ -26,21 +26,15 @@ copies of a step take ~1.4x the time of one), which a per-device cost model cann
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import Mapping, Sequence
 
 from hetpipe_tf.cluster.spec import Cluster
+from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.partitioner.plan import Plan
 
 # stage index -> list of (parameter-server host, bytes of that stage's parameters it holds)
 PSMap = Mapping[int, Sequence[tuple[str, int]]]
-
-
-class ScheduleMode(enum.Enum):
-    HETPIPE = "hetpipe"  # Section 4 pipeline, N_m minibatches in flight, WSP across VWs
-    GPIPE = "gpipe"      # M micro-batches: all forwards, all backwards, one update
-    ONE_F_ONE_B = "1f1b"  # M micro-batches, PipeDream-flush order, one update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,17 +119,18 @@ class SimConfig:
     clock_distance: D of WSP (Section 5); 0 is BSP-like.
     num_waves: waves each VW runs (num_waves x n_m minibatches per VW).
     intra_scale: fraction of the nominal PCIe bandwidth transfers reach (comm.py's constant).
-    mode: HETPIPE, or GPIPE / ONE_F_ONE_B (then n_m is the number of micro-batches M per
-      minibatch).
+    mode: the `Schedule` (or its name): HETPIPE (Section 4 pipelines, WSP across VWs), or
+      a synchronous one (then n_m is the number of micro-batches M per minibatch).
     """
 
     n_m: int
     clock_distance: int = 0
     num_waves: int = 10
     intra_scale: float = 0.7
-    mode: ScheduleMode = ScheduleMode.HETPIPE
+    mode: Schedule = Schedule.HETPIPE
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", Schedule.parse(self.mode))
         for f in ("n_m", "num_waves"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -2,7 +2,8 @@
 
 cluster -> partitioner -> core -> pipeline -> ps -> strategy -> observe, with sim beside
 (it reads plans and core rules), no cycles between subpackages, and core/ free of
-TensorFlow and Keras, also at run time.
+TensorFlow and Keras, also at run time. The partitioner reads core's schedules (their
+memory rules); core imports no subpackage.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ PKG = ROOT / "hetpipe_tf"
 ALLOWED = {
     "core": set(),
     "cluster": set(),
-    "partitioner": {"cluster"},
+    "partitioner": {"cluster", "core"},
     "pipeline": {"core", "cluster", "partitioner"},
     "ps": {"core", "cluster", "partitioner", "pipeline"},
     "strategy": {"core", "cluster", "partitioner", "pipeline", "ps"},
     "observe": {"core", "cluster", "partitioner", "pipeline", "ps", "strategy"},
     "sim": {"core", "cluster", "partitioner", "ps"},
 }
-TOP_LEVEL = {"_keras_shim", "models", "launch"}   # modules directly under hetpipe_tf/
+TOP_LEVEL = {"_keras_shim", "_args", "models", "launch"}   # modules directly under hetpipe_tf/
 
 
 def _imports(path: pathlib.Path) -> set[str]:

@@ -89,6 +89,41 @@ def test_no_cycles_between_subpackages():
             visit(n, [n])
 
 
+def _module_edges(subpackage: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same subpackage it imports (also inside functions)."""
+    prefix = f"hetpipe_tf.{subpackage}."
+    edges: dict[str, set[str]] = {}
+    for f in (PKG / subpackage).glob("*.py"):
+        deps = set()
+        for mod in _imports(f):
+            if mod.startswith(prefix):
+                name = mod[len(prefix):].split(".")[0]
+                if (PKG / subpackage / f"{name}.py").exists():
+                    deps.add(name)
+        edges[f.stem] = deps - {f.stem}
+    return edges
+
+
+def test_no_cycles_between_modules_of_core_and_partitioner():
+    for subpackage in ("core", "partitioner"):
+        edges = _module_edges(subpackage)
+        state: dict[str, int] = {}
+
+        def visit(n, path):
+            state[n] = 1
+            for m in sorted(edges.get(n, ())):
+                if state.get(m) == 1:
+                    raise AssertionError(f"import cycle in {subpackage}/: "
+                                         f"{' -> '.join(path + [m])}")
+                if m not in state:
+                    visit(m, path + [m])
+            state[n] = 2
+
+        for n in sorted(edges):
+            if n not in state:
+                visit(n, [n])
+
+
 def test_core_imports_no_tensorflow_at_run_time():
     code = ("import sys, hetpipe_tf.core.schedule, hetpipe_tf.core.wsp; "
             "bad = [m for m in ('tensorflow', 'keras', 'numpy') if m in sys.modules]; "

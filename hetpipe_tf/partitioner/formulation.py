@@ -89,7 +89,6 @@ def stage_terms(cm: CostModel, order: Sequence[Any], j: int, prefix: np.ndarray
             np.concatenate(vals) if vals else np.zeros(0), const)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Solution:
     x: np.ndarray

@@ -22,7 +22,8 @@ from hetpipe_tf.partitioner.comm import CommModel
 from hetpipe_tf.partitioner.cost import PredictionMemory, SyncMemory, optimizer_slots
 from hetpipe_tf.partitioner.layer_graph import LayerGraph
 from hetpipe_tf.partitioner.plan import PartitionError, Plan
-from hetpipe_tf.partitioner.profile import ModelProfile, profile_model
+from hetpipe_tf.partitioner.profile import ModelProfile
+from hetpipe_tf.partitioner.profiling import profile_model
 
 
 @dataclasses.dataclass(frozen=True)

@@ -167,7 +167,6 @@ def search(cm: CostModel, devices: Sequence[Any], opts: SolverOptions,
     return best, n_orders, solver
 
 
-
 def fits(profile: Any, devices: Sequence[Any], n_m: int, *, cluster: Any,
          optimizer_slots: int = 0, options: SolverOptions = SolverOptions(),
          sync: SyncMemory | None = None, prediction: PredictionMemory | None = None) -> bool:

@@ -125,8 +125,22 @@ def test_no_cycles_between_modules_of_core_and_partitioner():
 
 
 def test_core_imports_no_tensorflow_at_run_time():
-    code = ("import sys, hetpipe_tf.core.schedule, hetpipe_tf.core.wsp; "
+    code = ("import sys, hetpipe_tf.core.schedule, hetpipe_tf.core.sync_schedule, "
+            "hetpipe_tf.core.wsp; "
             "bad = [m for m in ('tensorflow', 'keras', 'numpy') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_profiles_plans_and_the_simulator_import_no_tensorflow_at_run_time():
+    # A ModelProfile is a JSON value: reading one, planning from it and simulating the plan
+    # need no TensorFlow (profiling.py measures with it).
+    sim = " ".join(f"hetpipe_tf.sim.{f.stem}," for f in sorted((PKG / "sim").glob("*.py"))
+                   if f.stem != "__init__")
+    code = (f"import sys, hetpipe_tf.partitioner.profile, hetpipe_tf.partitioner.milp, {sim} "
+            "hetpipe_tf.sim; bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)

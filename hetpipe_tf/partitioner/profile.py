@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.catalog import DeviceKind, DeviceType
 
 DEFAULT_EFFICIENCY: Mapping[DeviceKind, float] = types.MappingProxyType(
@@ -111,8 +112,7 @@ class ModelProfile:
                 f"forbidden_cuts={list(self.forbidden_cuts)[:8]}, {len(self.layers)} layers.")
         object.__setattr__(self, "cut_bytes", tuple(int(b) for b in self.cut_bytes))
         object.__setattr__(self, "time_source", types.MappingProxyType(dict(self.time_source)))
-        if self.batch_size <= 0:
-            raise ValueError(f"batch_size must be > 0. Received: batch_size={self.batch_size}.")
+        check_int("batch_size", self.batch_size, minimum=1)
         if len(self.cut_bytes) != max(len(self.layers) - 1, 0):
             raise ValueError(
                 "cut_bytes needs one entry per cut (layers - 1). Received: "
@@ -137,8 +137,7 @@ class ModelProfile:
 
     def scaled(self, batch_size: int) -> ModelProfile:
         """The profile at another batch size, rescaled linearly (see module docstring)."""
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be > 0. Received: batch_size={batch_size}.")
+        check_int("batch_size", batch_size, minimum=1)
         k = batch_size / self.batch_size
         layers = tuple(
             dataclasses.replace(

@@ -24,15 +24,17 @@ from hetpipe_tf.partitioner.solver_options import SolverError, SolverOptions, Ti
 
 @dataclasses.dataclass(frozen=True)
 class Best:
+    """The best layout found: its objective value, cuts and device order."""
+
     value: float
     cuts: tuple[int, ...]
     order: tuple[Any, ...]
 
 
 def check_inputs(profile: Any, devices: Sequence[Any], n_m: int) -> None:
-    if not isinstance(n_m, (int, np.integer)) or isinstance(n_m, bool) or n_m <= 0:
-        raise PartitionError(f"n_m (minibatches in flight) must be a positive int. "
-                             f"Received: n_m={n_m!r}.")
+    """Refuse a planning question with no answer before any search (PartitionError)."""
+    check_int("n_m", n_m, minimum=1, error=PartitionError,
+              hint="n_m is the number of minibatches in flight")
     if not devices:
         raise PartitionError("A virtual worker needs at least one device. Received: devices=[].")
     names = [d.name for d in devices]

@@ -29,6 +29,7 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.partitioner.plan import Plan
@@ -48,9 +49,7 @@ class PSShard:
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"PSShard host must be a host name. Received: host={self.host!r}; "
                              "pass the name of a Host of the cluster.")
-        if isinstance(self.nbytes, bool) or not isinstance(self.nbytes, int) or self.nbytes < 0:
-            raise ValueError(f"PSShard nbytes must be an int >= 0. Received: "
-                             f"nbytes={self.nbytes!r}; pass a byte count.")
+        check_int("nbytes", self.nbytes, minimum=0, hint="pass a byte count")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +90,7 @@ class VirtualWorker:
         if not self.stages:
             raise ValueError(f"A virtual worker needs at least one stage. Received: "
                              f"{self.name} with stages=(); plan it first.")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1. Received: batch_size={self.batch_size}.")
+        check_int("batch_size", self.batch_size, minimum=1)
 
     @property
     def num_stages(self) -> int:
@@ -131,14 +129,10 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Schedule.parse(self.mode))
-        for f in ("n_m", "num_waves"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"SimConfig {f} must be an int >= 1. Received: {f}={v!r}.")
-        d = self.clock_distance
-        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-            raise ValueError(f"clock_distance must be an int >= 0. Received: "
-                             f"clock_distance={d!r}; use 0 for BSP-like WSP.")
+        check_int("n_m", self.n_m, minimum=1)
+        check_int("num_waves", self.num_waves, minimum=1)
+        check_int("clock_distance", self.clock_distance, minimum=0,
+                  hint="use 0 for BSP-like WSP")
         if not 0 < self.intra_scale <= 1:
             raise ValueError(f"intra_scale must be in (0, 1]. Received: "
                              f"intra_scale={self.intra_scale!r}.")

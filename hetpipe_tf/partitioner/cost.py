@@ -52,7 +52,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hetpipe_tf._args import check_int, parse_enum
+from hetpipe_tf._args import check_int
 from hetpipe_tf.core.schedule import held_minibatches
 from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.partitioner.comm import CommModel
@@ -100,8 +100,7 @@ class SyncMemory:
 
     def __post_init__(self):
         check_int("micro_batches", self.micro_batches, minimum=1)
-        schedule = parse_enum(Schedule, self.schedule, arg="schedule",
-                              what="pipeline schedule")
+        schedule = Schedule.parse(self.schedule)
         if not schedule.synchronous:
             raise ValueError(f"SyncMemory models a synchronous schedule. Received: "
                              f"schedule={schedule}; plan HETPIPE with sync=None and n_m.")

@@ -262,7 +262,7 @@ def _run() -> None:
 
 
 def _simulate() -> None:
-    from hetpipe_tf.partitioner.profile import profile_model
+    from hetpipe_tf.partitioner.profiling import profile_model
     from hetpipe_tf.ps.placement import PlacementPolicy
     from hetpipe_tf.sim.scenario import simulate_scenario
     from hetpipe_tf.cluster.allocation import allocate

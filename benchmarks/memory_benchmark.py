@@ -345,7 +345,7 @@ def main(argv: list[str]) -> None:
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(max(stages) + 2)
-    from hetpipe_tf.partitioner.profile import profile_model
+    from hetpipe_tf.partitioner.profiling import profile_model
     compensation = _cli.compensation(_COMPENSATION)
     if compensation is None:   # "": the memory model needs the compensation by name
         raise app.UsageError("--compensation must name a compensation here (its buffers "

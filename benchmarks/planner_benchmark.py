@@ -107,7 +107,7 @@ def _paper_models() -> None:
     from hetpipe_tf import models
     from hetpipe_tf.cluster.spec import paper_cluster
     from hetpipe_tf.partitioner import milp
-    from hetpipe_tf.partitioner.profile import profile_model
+    from hetpipe_tf.partitioner.profiling import profile_model
     cluster = paper_cluster()
     vw = [h.devices[0] for h in cluster.hosts]
     types = sorted({d.type_name for d in vw})

@@ -235,7 +235,7 @@ def _part3(tf, np, keras, m) -> None:
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.core.sync_schedule import Schedule
     from hetpipe_tf.partitioner.cost import CostModel, SyncMemory
-    from hetpipe_tf.partitioner.profile import profile_model
+    from hetpipe_tf.partitioner.profiling import profile_model
     print(f"\n3. Memory per stage, 2 stages, M={m}, batch {_MEM_BATCH.value}, real speed: an "
           "ACCOUNTING of each stage's buffers (lone tasks measured with TF's CPU allocator) "
           "vs the planner's prediction.")
@@ -253,8 +253,7 @@ def _part3(tf, np, keras, m) -> None:
                 plan = strategy.plan
             finally:
                 strategy.close()
-            sync = SyncMemory(m, one_f_one_b=schedule is Schedule.ONE_F_ONE_B,
-                              rematerialize=remat)
+            sync = SyncMemory(m, schedule=schedule, rematerialize=remat)
             cm = CostModel(profile, cluster.devices, cluster, n_m=1, sync=sync)
             costs = cm.evaluate([plan.stages[0].last], list(cluster.devices))
             for j, (got, c) in enumerate(zip(measured, costs)):

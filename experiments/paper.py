@@ -92,7 +92,7 @@ def estimated_profile(model_name: str, cache_dir: str | None = None,
             with open(path) as f:
                 return ModelProfile.from_json(f.read())
     from hetpipe_tf.models import build_model
-    from hetpipe_tf.partitioner.profile import profile_model
+    from hetpipe_tf.partitioner.profiling import profile_model
     profile = profile_model(build_model(model_name), batch_size, list(types))
     if path:
         tmp = path + f".tmp{os.getpid()}"

@@ -127,7 +127,7 @@ def _trace_times(trace, k: int) -> tuple[list[float], list[float]]:
 def _profile(keras, model, cluster, batch_size: int):
     """The planner's profile of `model`, with the update of the runs' optimizer."""
     from hetpipe_tf.partitioner.planner import measurable_devices
-    from hetpipe_tf.partitioner.profile import profile_model
+    from hetpipe_tf.partitioner.profiling import profile_model
     return profile_model(model, batch_size, sorted({d.type_name for d in cluster.devices}),
                          measure_on=measurable_devices(cluster.devices),
                          optimizer=keras.optimizers.SGD(1e-3))

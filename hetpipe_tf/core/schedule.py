@@ -25,6 +25,8 @@ import enum
 import heapq
 from typing import Iterable, Mapping, Sequence
 
+from hetpipe_tf._args import check_int
+
 
 class TaskKind(enum.Enum):
     FORWARD = "fwd"
@@ -53,9 +55,7 @@ class Event:
 
 
 def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}; "
-                         f"pass an int >= 1.")
+    check_int(name, value, minimum=1)
 
 
 def last_reflected_update(p: int, n_m: int, run_start: int = 1) -> int:
@@ -91,6 +91,14 @@ def may_start(p: int, completed: int, n_m: int) -> bool:
     return p - completed <= n_m
 
 
+def held_minibatches(position: int, num_stages: int, n_m: int) -> int:
+    """Most minibatches whose activations the stage at `position` holds at once: N_m on
+    every stage but the last (forward of p..p+N_m-1 may all precede the backward of p
+    when a later stage is the bottleneck, `may_start`), 1 on the last, whose forward and
+    backward of a minibatch are one task."""
+    return 1 if position == num_stages - 1 else n_m
+
+
 def task_kinds(stage: int, num_stages: int) -> tuple[TaskKind, ...]:
     """The tasks a stage runs for each minibatch, in order."""
     if stage == num_stages - 1:
@@ -119,8 +127,7 @@ def simulate(num_stages: int, n_m: int, num_minibatches: int,
     """
     _check_positive("num_stages", num_stages)
     _check_positive("n_m", n_m)
-    if num_minibatches < 0:
-        raise ValueError(f"num_minibatches must be >= 0. Received: {num_minibatches}.")
+    check_int("num_minibatches", num_minibatches, minimum=0)
     k = num_stages
     fwd = list(forward_time) if forward_time is not None else [1.0] * k
     bwd = list(backward_time) if backward_time is not None else [2.0] * k
@@ -239,14 +246,15 @@ def check_trace(stage_orders: Mapping[int, Sequence[Task]], num_stages: int, n_m
                     seen_fwd.add(t.minibatch)
                 else:
                     _require(t.minibatch in seen_fwd, f"stage {j}: bwd {t.minibatch} before fwd")
-    # In flight on stage 0 (it sees each minibatch first and last): at most N_m forwards
-    # started whose backward has not run.
-    in_flight = 0
+    # Entry on stage 0 (it sees each minibatch first and last): the started-th minibatch
+    # of the trace may start only once started - N_m of them completed (`may_start`).
+    started = completed = 0
     for t in stage_orders.get(0, ()):
         if t.kind in (TaskKind.FORWARD, TaskKind.FORWARD_BACKWARD):
-            in_flight += 1
-            _require(in_flight <= n_m, f"more than N_m={n_m} minibatches in flight")
+            started += 1
+            _require(may_start(started, completed, n_m),
+                     f"more than N_m={n_m} minibatches in flight")
         if t.kind in (TaskKind.BACKWARD, TaskKind.FORWARD_BACKWARD):
-            in_flight -= 1
+            completed += 1
     if completions is not None:
         _require(list(completions) == sorted(completions), f"completion order: {completions}")

@@ -7,7 +7,8 @@ is one optimizer step on every stage (GPipe Section 2.2). A schedule only decide
 ORDER of F and B on each stage; the executor (`pipeline/sync_runtime.py`) runs the lists on
 the stage threads and the simulator (`sim/gpipe.py`) replays the same lists with times
 (`replay` below). A new schedule (interleaved, zero-bubble) is one more function returning
-such lists, checked by `check_actions`.
+such lists, checked by `check_actions`; its memory rule (`Schedule.held`) is read off
+its own lists, so the planner and the simulator need nothing more.
 
 * GPIPE: all forwards, then all backwards (GPipe Fig. 2c): stage j holds the activations of
   all M micro-batches at once.
@@ -26,7 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from typing import Callable, Sequence
+
+from hetpipe_tf._args import check_int, parse_enum
+from hetpipe_tf.core.schedule import held_minibatches
 
 
 class Schedule(enum.Enum):
@@ -42,14 +47,18 @@ class Schedule(enum.Enum):
 
     @classmethod
     def parse(cls, value) -> "Schedule":
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            for s in cls:
-                if value.lower() in (s.value, s.name.lower()):
-                    return s
-        raise ValueError(f"Unknown pipeline schedule. Received: schedule={value!r}; pass one "
-                         f"of {[f'Schedule.{s.name}' for s in cls]}.")
+        return parse_enum(cls, value, arg="schedule", what="pipeline schedule")
+
+    def held(self, num_stages: int, in_flight: int) -> tuple[int, ...]:
+        """Per stage position, the most units whose activations the stage holds at once.
+
+        Synchronous: micro-batches of a minibatch of `in_flight` = M, the peak of each
+        stage's own action list (GPIPE: M; ONE_F_ONE_B: min(K - j, M)). HETPIPE: minibatches,
+        with `in_flight` = N_m (`core.schedule.held_minibatches`).
+        """
+        if not self.synchronous:
+            return tuple(held_minibatches(j, num_stages, in_flight) for j in range(num_stages))
+        return _held(self, num_stages, in_flight)
 
 
 class ActionKind(enum.Enum):
@@ -73,9 +82,8 @@ Actions = tuple[tuple[Action, ...], ...]   # one ordered tuple per stage
 
 
 def _check_sizes(num_stages: int, micro_batches: int) -> None:
-    for name, v in (("num_stages", num_stages), ("micro_batches", micro_batches)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1. Received: {name}={v!r}.")
+    check_int("num_stages", num_stages, minimum=1)
+    check_int("micro_batches", micro_batches, minimum=1)
 
 
 def gpipe(num_stages: int, micro_batches: int) -> Actions:
@@ -121,6 +129,11 @@ def actions(schedule: Schedule, num_stages: int, micro_batches: int) -> Actions:
     return _BUILDERS[schedule](num_stages, micro_batches)
 
 
+@functools.lru_cache(maxsize=256)
+def _held(schedule: Schedule, num_stages: int, micro_batches: int) -> tuple[int, ...]:
+    return tuple(peak_alive(acts) for acts in actions(schedule, num_stages, micro_batches))
+
+
 def bubble_fraction(num_stages: int, micro_batches: int) -> float:
     """GPipe's idle fraction of every stage with equal stage times: (K - 1) / (M + K - 1)."""
     _check_sizes(num_stages, micro_batches)
@@ -137,11 +150,6 @@ def peak_alive(stage_actions: Sequence[Action]) -> int:
         elif a.kind is ActionKind.BACKWARD:
             alive -= 1
     return peak
-
-
-def max_alive_1f1b(position: int, num_stages: int, micro_batches: int) -> int:
-    """1F1B's bound on the micro-batches the stage at `position` holds: min(K - j, M)."""
-    return min(num_stages - position, micro_batches)
 
 
 class ScheduleError(ValueError):

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.core.schedule import wave_of
 
 
 def _check(name: str, value: int, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}. Received: {name}={value!r}.")
+    check_int(name, value, minimum=low)
 
 
 def s_local(n_m: int) -> int:

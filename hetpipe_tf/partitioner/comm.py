@@ -17,6 +17,7 @@ import statistics
 import time
 from typing import Any, Mapping, Sequence
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.spec import Cluster, Device
 
 # Paleo's default scaling-down constant for achievable vs. peak bandwidth; measure it
@@ -141,9 +142,7 @@ class CommModel:
     def seconds(self, nbytes: int, src: Device | str, dst: Device | str,
                 cluster: Cluster) -> float:
         """Seconds to move `nbytes` from `src` to `dst` (devices or device names)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0:
-            raise ValueError(f"nbytes must be an int >= 0. Received: nbytes={nbytes!r}; "
-                             "pass a byte count.")
+        check_int("nbytes", nbytes, minimum=0, hint="pass a byte count")
         a, b = cluster.device(src), cluster.device(dst)
         if a.name == b.name or nbytes == 0:
             return 0.0
@@ -177,13 +176,10 @@ def measure_transfer(src_tf_device: str, dst_tf_device: str, sizes: Sequence[int
     tensor's copy on a device); the median is returned. Returns one (bytes, seconds)
     sample per size, in the order given.
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1. Received: repeats={repeats!r}; "
-                         "pass e.g. repeats=3.")
+    check_int("repeats", repeats, minimum=1, hint="pass e.g. repeats=3")
     for n in sizes:
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ValueError(f"Transfer sizes must be ints >= 1 (bytes). Received: size={n!r}; "
-                             "pass e.g. [2**16, 2**20, 2**24].")
+        check_int("size", n, minimum=1, hint="transfer sizes are bytes, e.g. [2**16, 2**20, "
+                  "2**24]")
     import tensorflow as tf  # local import: the model itself does not need TF
 
     def copy_once(nbytes: int, fill: int) -> float:

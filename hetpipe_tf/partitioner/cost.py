@@ -33,10 +33,10 @@ bottleneck):
       value for each Compensation). Default None: no such buffers.
 Usable memory is the device's memory times `usable_fraction` (framework workspace).
 
-Synchronous schedules (`sync=SyncMemory(...)`, core/sync_schedule.py; N_m = 1, so no
-stashed versions): a minibatch of M micro-batches, each 1/M of the profiled activations;
-the stage at position j holds `SyncMemory.held(j, K)` micro-batches at once (GPipe: M;
-1F1B: min(K - j, M)):
+Synchronous schedules (`sync=SyncMemory(M, schedule=...)`; N_m = 1, so no stashed
+versions): a minibatch of M micro-batches, each 1/M of the profiled activations; the stage
+at position j holds `SyncMemory.held(j, K)` micro-batches at once, the schedule's own rule
+(`core.sync_schedule.Schedule.held`: GPipe M, 1F1B min(K - j, M)):
     weights + gradients + optimizer slots + the gradient accumulator (M > 1)
     + held/M x the received input activations (the last stage: the input gradients it
       keeps until its backward actions send them)
@@ -52,6 +52,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hetpipe_tf._args import check_int
+from hetpipe_tf.core.schedule import held_minibatches
+from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.partitioner.comm import CommModel
 
 # Optimizer state per trainable weight, by Keras optimizer class name.
@@ -68,9 +71,8 @@ def optimizer_slots(optimizer: Any) -> int:
     (SGD with momentum and RMSprop with momentum keep one slot more).
     """
     if isinstance(optimizer, (int, np.integer)) and not isinstance(optimizer, bool):
-        if optimizer < 0:
-            raise ValueError(f"optimizer_slots must be >= 0. Received: optimizer={optimizer}.")
-        return int(optimizer)
+        return check_int("optimizer", optimizer, minimum=0,
+                         hint="pass the number of slot variables per weight")
     if isinstance(optimizer, str):
         name = optimizer.lower()
         extra = 0
@@ -89,22 +91,24 @@ def optimizer_slots(optimizer: Any) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class SyncMemory:
-    """What a stage holds under a synchronous schedule (module docstring)."""
+    """What a stage holds under a synchronous `schedule` of M micro-batches (module
+    docstring); how many micro-batches each position holds is the schedule's own rule."""
 
     micro_batches: int
-    one_f_one_b: bool = False     # False: GPipe (every micro-batch held at once)
+    schedule: Schedule = Schedule.GPIPE
     rematerialize: bool = False
 
     def __post_init__(self):
-        m = self.micro_batches
-        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-            raise ValueError(f"micro_batches must be an int >= 1. Received: micro_batches={m!r}.")
+        check_int("micro_batches", self.micro_batches, minimum=1)
+        schedule = Schedule.parse(self.schedule)
+        if not schedule.synchronous:
+            raise ValueError(f"SyncMemory models a synchronous schedule. Received: "
+                             f"schedule={schedule}; plan HETPIPE with sync=None and n_m.")
+        object.__setattr__(self, "schedule", schedule)
 
     def held(self, position: int, num_stages: int) -> int:
         """Micro-batches whose activations (or inputs) the stage holds at once."""
-        if self.one_f_one_b:
-            return min(num_stages - position, self.micro_batches)
-        return self.micro_batches
+        return self.schedule.held(num_stages, self.micro_batches)[position]
 
     def activation_factor(self, position: int, num_stages: int) -> float:
         """The stage's profiled (whole-minibatch) activations it holds, as a fraction."""
@@ -126,20 +130,12 @@ class PredictionMemory:
 
     def __post_init__(self):
         for name in ("per_version", "constant"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise ValueError(f"PredictionMemory.{name} must be an int >= 0. Received: "
-                                 f"{name}={v!r}; count copies of the trainable weights.")
+            check_int(name, getattr(self, name), minimum=0,
+                      hint="count copies of the trainable weights")
 
     def copies(self, n_m: int) -> int:
         """Trainable-sized copies charged at N_m minibatches in flight."""
         return 0 if n_m <= 1 else self.per_version * (n_m - 1) + self.constant
-
-
-def held_minibatches(position: int, num_stages: int, n_m: int) -> int:
-    """Minibatches whose activations the stage at `position` holds (weight versions: N_m - 1
-    at every position, see the module docstring)."""
-    return 1 if position == num_stages - 1 else n_m
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,19 +257,26 @@ class CostModel:
         per_layer = self.fixed_memory + (held - 1) * self.per_held_memory + self.activation
         return np.concatenate([[0.0], np.cumsum(per_layer)])
 
+    def held(self, position: int, num_stages: int) -> int:
+        """Minibatches (micro-batches under `sync`) the stage at `position` holds at once:
+        the schedule's own rule (HETPIPE's at N_m, or the synchronous schedule's)."""
+        if self.sync is None:
+            return held_minibatches(position, num_stages, self.n_m)
+        return self.sync.held(position, num_stages)
+
     def position_memory(self, position: int, num_stages: int) -> np.ndarray:
         """M[i] = memory of nodes 0..i-1 at `position` of a `num_stages` pipeline, without
         the received inputs (`input_factor`): what the solvers bound by the capacity."""
         if self.sync is None:
-            return self.prefix_memory(held_minibatches(position, num_stages, self.n_m))
+            return self.prefix_memory(self.held(position, num_stages))
         f = self.sync.activation_factor(position, num_stages)
         return np.concatenate([[0.0], np.cumsum(self.fixed_memory + f * self.activation)])
 
     def input_factor(self, position: int, num_stages: int) -> float:
         """How many times its input cut's bytes the stage at `position` holds."""
         if self.sync is None:
-            return held_minibatches(position, num_stages, self.n_m)
-        return self.sync.held(position, num_stages) / self.sync.micro_batches
+            return self.held(position, num_stages)
+        return self.held(position, num_stages) / self.sync.micro_batches
 
     def cut_seconds(self, src: Any, dst: Any) -> np.ndarray:
         """Seconds to move each cut's bytes from `src` to `dst` (len L-1)."""
@@ -285,8 +288,7 @@ class CostModel:
         """Cost of nodes first..last at `position` of the pipeline `order` of devices."""
         k = len(order)
         device = order[position]
-        held = (held_minibatches(position, k, self.n_m) if self.sync is None
-                else self.sync.held(position, k))
+        held = self.held(position, k)
         compute = float(self.layer_compute_time(device)[first:last + 1].sum())
         update = float(self.layer_update_time(device)[first:last + 1].sum())
         recv_f = recv_b = 0.0

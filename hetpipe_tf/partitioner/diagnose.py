@@ -7,13 +7,12 @@ cut (an MILP of its own), so "short by" is the least shortfall any partition ach
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any, Sequence
 
 from hetpipe_tf.partitioner.comm import CommModel
 from hetpipe_tf.partitioner.cost import CostModel
 from hetpipe_tf.partitioner.plan import PartitionError
-
+from hetpipe_tf.partitioner.search import fits, max_minibatches, search
 
 
 def format_bytes(n: float) -> str:
@@ -25,10 +24,9 @@ def format_bytes(n: float) -> str:
 
 
 def _least_overflow_layout(cm: CostModel, devices: Sequence[Any], options: Any):
-    from hetpipe_tf.partitioner.milp import _search
     # No time budget here: the diagnosis examines at most max_enumerated_orders orders.
     untimed = dataclasses.replace(options, time_limit_s=None)
-    best, _, _ = _search(cm, devices, untimed, objective="overflow")
+    best, _, _ = search(cm, devices, untimed, objective="overflow")
     return cm.evaluate(best.cuts, best.order), best.order
 
 
@@ -36,7 +34,6 @@ def infeasible_error(profile: Any, devices: Sequence[Any], n_m: int, *, cluster:
                      comm: CommModel | None, optimizer_slots: int, options: Any,
                      sync: Any = None, prediction: Any = None) -> PartitionError:
     """A PartitionError naming the short devices and suggesting what would fit."""
-    from hetpipe_tf.partitioner.milp import fits, max_minibatches
     cm = CostModel(profile, devices, cluster, n_m=n_m, optimizer_slots=optimizer_slots,
                    comm=comm, usable_fraction=options.usable_fraction, sync=sync,
                    prediction=prediction)

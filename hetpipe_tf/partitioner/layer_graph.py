@@ -31,109 +31,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
-import numpy as np
-import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class TensorRef:
-    """A tensor of the graph: output `index` of node `node`; node -1 - k = model input k."""
-
-    node: int
-    index: int = 0
-
-    @property
-    def is_model_input(self) -> bool:
-        return self.node < 0
-
-    @property
-    def input_index(self) -> int:
-        """k for the model input -1 - k."""
-        if self.node >= 0:
-            raise ValueError(f"Not a model input. Received: ref={self}; use node >= 0 refs as node outputs.")
-        return -1 - self.node
-
-
-@dataclasses.dataclass(frozen=True)
-class CallStructure:
-    """The recorded call arguments of a node, with `TensorRef`s where tensors go.
-
-    Lists and dicts keep the layer's own argument structure (e.g. `Add` takes one list).
-    """
-
-    args: tuple
-    kwargs: Mapping[str, Any]
-
-    def fill(self, values: Mapping[TensorRef, Any]) -> tuple[tuple, dict]:
-        """(args, kwargs) with every TensorRef replaced by `values[ref]`."""
-        return _map_refs(self.args, values), dict(_map_refs(dict(self.kwargs), values))
-
-
-def _map_refs(structure: Any, values: Mapping[TensorRef, Any]) -> Any:
-    return _map_leaves(structure, lambda v: values[v] if isinstance(v, TensorRef) else v)
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerNode:
-    """One call of a layer. Bytes are per sample for activations, absolute for weights."""
-
-    index: int
-    name: str
-    class_name: str
-    inputs: tuple[TensorRef, ...]
-    output_shapes: tuple[tuple[int, ...], ...]
-    output_dtypes: tuple[str, ...]
-    output_bytes_per_sample: int
-    param_bytes: int
-    trainable_param_bytes: int
-    layer_name: str
-    call_index: int
-    call_structure: CallStructure = dataclasses.field(compare=False, repr=False)
-    # Why a nested model is one node although it is a model ("" for every other node).
-    opaque: str = ""
-    # A later call of a tied layer (trainable weights only): the bytes of the borrowed copy
-    # of its weights and that copy's gradient, which its stage holds when the first call is
-    # in another stage (pipeline/tied.py); the cost model charges them always (an upper
-    # bound when both calls share a stage).
-    tied_bytes: int = 0
-
-    def output_bytes(self, index: int) -> int:
-        """Bytes per sample of output `index`."""
-        return _tensor_bytes(self.output_shapes[index], self.output_dtypes[index])
-
-
-def _dtype_name(dtype: Any) -> str:
-    return tf.as_dtype(dtype).name
-
-
-def _tensor_bytes(shape: Sequence[int], dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(dtype).size
-
-
-def _per_sample_shape(tensor: Any, where: str) -> tuple[int, ...]:
-    shape = tuple(tensor.shape)[1:]
-    if any(dim is None for dim in shape):
-        raise ValueError(
-            f"The layer graph needs fully defined per-sample shapes. Received: {where} "
-            f"shape={tuple(tensor.shape)}; give keras.Input a shape without None "
-            "(besides the batch dimension), or, for a model you cannot rebuild (a keras_hub "
-            "task), use it as a layer of one that fixes the shape: "
-            "x = keras.Input((seq_len,), dtype=...); keras.Model(x, model(x))."
-        )
-    return tuple(int(dim) for dim in shape)
-
-
-def _weight_bytes(weights: Sequence[Any]) -> int:
-    seen: set[int] = set()
-    total = 0
-    for weight in weights:
-        if id(weight) in seen:
-            continue
-        seen.add(id(weight))
-        total += _tensor_bytes(tuple(weight.shape), _dtype_name(weight.dtype))
-    return total
+from hetpipe_tf.partitioner.input_shapes import fixed_input, input_shapes_set
+from hetpipe_tf.partitioner.layer_nodes import (
+    CallStructure,
+    LayerNode,
+    TensorRef,
+    dtype_name,
+    map_leaves,
+    per_sample_shape,
+    tensor_bytes,
+    weight_bytes,
+)
 
 
 class _Builder:
@@ -197,7 +107,7 @@ class _Builder:
             return value
 
         structure = CallStructure(
-            args=_map_leaves(event.args, to_ref), kwargs=_map_leaves(event.kwargs, to_ref))
+            args=map_leaves(event.args, to_ref), kwargs=map_leaves(event.kwargs, to_ref))
         # A layer reads its inputs' masks from the tensors themselves (Dense, Dropout...
         # pass them on): the masks are inputs of the node too, so that they cross a cut
         # with the tensor (`pipeline/program.py` attaches them again on the other side).
@@ -211,12 +121,12 @@ class _Builder:
         self.nodes.append(LayerNode(
             index=index, name=name, class_name=type(op).__name__, inputs=tuple(inputs),
             output_shapes=shapes, output_dtypes=dtypes,
-            output_bytes_per_sample=sum(map(_tensor_bytes, shapes, dtypes)),
-            param_bytes=_weight_bytes(weights) if call == 0 else 0,
-            trainable_param_bytes=_weight_bytes(trainable) if call == 0 else 0,
+            output_bytes_per_sample=sum(map(tensor_bytes, shapes, dtypes)),
+            param_bytes=weight_bytes(weights) if call == 0 else 0,
+            trainable_param_bytes=weight_bytes(trainable) if call == 0 else 0,
             layer_name=self._first[id(op)], call_index=call, call_structure=structure,
             opaque=opaque,
-            tied_bytes=(2 * _weight_bytes(trainable) if call > 0
+            tied_bytes=(2 * weight_bytes(trainable) if call > 0
                         and not list(getattr(op, "non_trainable_weights", ())) else 0)))
         self.layers.append(op)
         for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
@@ -262,39 +172,8 @@ class _Builder:
             args, kwargs = structure.fill(specs)
             outputs = _keras_shim.output_specs(op, args, kwargs)
         where = f"output of {name!r}"
-        return (tuple(_per_sample_shape(t, where) for t in outputs),
-                tuple(_dtype_name(t.dtype) for t in outputs))
-
-
-# Per-sample input shapes for a model whose keras.Input leaves a dimension open (keras_hub
-# tasks: the sequence length), set by the strategy from the first batch before planning.
-_INPUT_SHAPES = "_hetpipe_input_shapes"
-
-
-def set_input_shapes(model: keras.Model, shapes: Sequence[Sequence[int]]) -> None:
-    """Build `model`'s layer graph (and so its plan and stages' costs) with these per-sample
-    shapes of its inputs (in the order of its Input layers) where its Inputs leave a
-    dimension open; later `from_model` calls of this model use them."""
-    object.__setattr__(model, _INPUT_SHAPES, tuple(tuple(int(d) for d in s) for s in shapes))
-
-
-def input_shapes_set(model: keras.Model) -> tuple[tuple[int, ...], ...] | None:
-    """The shapes `set_input_shapes` gave `model`, or None."""
-    return model.__dict__.get(_INPUT_SHAPES)
-
-
-def _fixed(tensor: Any, given: Sequence[int] | None) -> Any:
-    """`tensor`'s spec with its open per-sample dimensions taken from `given`."""
-    shape = tuple(tensor.shape)
-    if given is None or None not in shape[1:]:
-        return tensor
-    if len(given) != len(shape) - 1 or any(
-            d is not None and d != g for d, g in zip(shape[1:], given)):
-        raise ValueError(
-            "The shapes given for the model's open input dimensions do not match its Input. "
-            f"Received: Input shape={shape}, per-sample shape={tuple(given)}; feed batches "
-            "whose shape matches the model's Input.")
-    return keras.KerasTensor((None, *given), dtype=tensor.dtype)
+        return (tuple(per_sample_shape(t, where) for t in outputs),
+                tuple(dtype_name(t.dtype) for t in outputs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,10 +228,10 @@ class LayerGraph:
         input_shapes, input_dtypes = [], []
         given = input_shapes_set(model)
         for k, tensor in enumerate(functional.inputs):
-            tensor = _fixed(tensor, given[k] if given and k < len(given) else None)
+            tensor = fixed_input(tensor, given[k] if given and k < len(given) else None)
             input_refs.append(TensorRef(-1 - k, 0))
-            input_shapes.append(_per_sample_shape(tensor, f"model input {k}"))
-            input_dtypes.append(_dtype_name(tensor.dtype))
+            input_shapes.append(per_sample_shape(tensor, f"model input {k}"))
+            input_dtypes.append(dtype_name(tensor.dtype))
             builder.specs[TensorRef(-1 - k, 0)] = (input_shapes[-1], input_dtypes[-1])
         outputs = builder.inline(functional, input_refs, prefix="")
         for ref in outputs:   # the loss and metrics read the outputs' masks
@@ -410,7 +289,7 @@ class LayerGraph:
     def tensor_bytes_per_sample(self, ref: TensorRef) -> int:
         if ref.is_model_input:
             k = ref.input_index
-            return _tensor_bytes(self.input_shapes[k], self.input_dtypes[k])
+            return tensor_bytes(self.input_shapes[k], self.input_dtypes[k])
         return self.nodes[ref.node].output_bytes(ref.index)
 
     def tensor_shape(self, ref: TensorRef) -> tuple[int, ...]:
@@ -488,16 +367,6 @@ class LayerGraph:
                 f"Cut index out of range. Received: i={i}; the cut after node i needs "
                 f"0 <= i < {len(self.nodes) - 1} (number of nodes - 1)."
             )
-
-
-def _map_leaves(structure: Any, fn: Any) -> Any:
-    if isinstance(structure, dict):
-        return {key: _map_leaves(value, fn) for key, value in structure.items()}
-    if isinstance(structure, tuple) and hasattr(structure, "_fields"):  # namedtuple
-        return type(structure)(*(_map_leaves(value, fn) for value in structure))
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(_map_leaves(value, fn) for value in structure)
-    return fn(structure)
 
 
 def _check_model(model: Any) -> None:

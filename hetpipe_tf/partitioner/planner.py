@@ -12,9 +12,9 @@ pipeline busy, and more only adds staleness and memory (docs/partitioner.md).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, Sequence
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.catalog import get_device_type
 from hetpipe_tf.cluster.spec import Cluster, Device, tf_device_kind
 from hetpipe_tf.partitioner import milp
@@ -22,7 +22,8 @@ from hetpipe_tf.partitioner.comm import CommModel
 from hetpipe_tf.partitioner.cost import PredictionMemory, SyncMemory, optimizer_slots
 from hetpipe_tf.partitioner.layer_graph import LayerGraph
 from hetpipe_tf.partitioner.plan import PartitionError, Plan
-from hetpipe_tf.partitioner.profile import ModelProfile, profile_model
+from hetpipe_tf.partitioner.profile import ModelProfile
+from hetpipe_tf.partitioner.profiling import profile_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,13 +52,10 @@ def measurable_devices(devices: Sequence[Device]) -> dict[str, str]:
     return found
 
 
-def _check_count(name: str, value: Any, fix: str, none_ok: bool = False) -> None:
+def _check_count(name: str, value: Any, fix: str) -> None:
     # bool is an int in Python, and "2" from a flag or a config would fail later as a
     # TypeError deep in the MILP: refuse both here, by name.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise PartitionError(
-            f"{name} must be {'None or ' if none_ok else ''}an int >= 1. Received: "
-            f"{name}={value!r}; pass {fix}.")
+    check_int(name, value, minimum=1, error=PartitionError, hint=f"pass {fix}")
 
 
 def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
@@ -82,8 +80,7 @@ def plan_model(model: Any, cluster: Cluster, batch_size: int, *,
     """
     _check_count("batch_size", batch_size, "the minibatch size, e.g. batch_size=32")
     if n_m is not None:
-        _check_count("n_m", n_m, "n_m=None for min(Max_m, devices) or e.g. n_m=2",
-                     none_ok=True)
+        _check_count("n_m", n_m, "n_m=None for min(Max_m, devices) or e.g. n_m=2")
     _check_count("max_n_m", max_n_m, "e.g. max_n_m=32")
     # numpy integers are accepted; the plan keeps Python ints (JSON-serialisable).
     batch_size, max_n_m = int(batch_size), int(max_n_m)

@@ -30,6 +30,8 @@ import math
 import numbers
 from typing import Any, Sequence
 
+from hetpipe_tf._args import check_int
+
 
 class ShareError(ValueError):
     """Shares that cannot be made or used (a ValueError, refused before training)."""
@@ -57,11 +59,9 @@ class DeviceSpeed:
         if not (self.fixed_s >= 0 and math.isfinite(self.fixed_s)):
             raise ShareError(f"Device {self.name}: fixed_s must be a finite number >= 0. "
                              f"Received: fixed_s={self.fixed_s!r}.")
-        if self.max_samples is not None and (isinstance(self.max_samples, bool) or not
-                                             isinstance(self.max_samples, numbers.Integral)
-                                             or self.max_samples < 0):
-            raise ShareError(f"Device {self.name}: max_samples must be None or an int >= 0. "
-                             f"Received: max_samples={self.max_samples!r}.")
+        if self.max_samples is not None:
+            check_int("max_samples", self.max_samples, minimum=0, error=ShareError,
+                      hint=f"device {self.name}: None (no bound) or a sample count")
 
     def time(self, n: int) -> float:
         """Predicted seconds of a share of n samples."""
@@ -99,7 +99,7 @@ class Shares:
         """Shares of a batch of n <= batch_size samples (an epoch's remainder): the same
         rule on the same speeds, so in proportion; a device may get 0 when n is small
         (`minimum`: every device at least that many; needs n >= minimum x devices)."""
-        _check_int("batch size", n)
+        _check_int("n", n)
         if n > self.batch_size:
             raise ShareError(
                 f"A batch is larger than the global batch the shares were made for. Received: "
@@ -125,8 +125,7 @@ class Shares:
 
 
 def _check_int(what: str, n: Any) -> None:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-        raise ShareError(f"The {what} must be an int >= 0. Received: {n!r}.")
+    check_int(what, n, minimum=0, error=ShareError)
 
 
 def _greedy(n: int, speeds: Sequence[DeviceSpeed], minimum: int,
@@ -171,7 +170,7 @@ def _check_fits(batch_size: int, speeds: Sequence[DeviceSpeed]) -> None:
 
 def choose_shares(batch_size: int, speeds: Sequence[DeviceSpeed]) -> Shares:
     """The shares of `batch_size` that minimise the slowest share's predicted time."""
-    _check_int("global batch size", batch_size)
+    _check_int("batch_size", batch_size)
     speeds = tuple(speeds)
     _check_fits(batch_size, speeds)
     sizes = _greedy(batch_size, speeds, 1)

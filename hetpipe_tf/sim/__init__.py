@@ -11,7 +11,6 @@ from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.sim.links import LinkPool, Transfer
 from hetpipe_tf.sim.model import (
     PSShard,
-    ScheduleMode,
     SimConfig,
     SimStage,
     VirtualWorker,
@@ -24,7 +23,7 @@ from hetpipe_tf.sim.model import (
 from hetpipe_tf.sim.result import SimEvent, SimResult, VWStats
 
 __all__ = [
-    "AllReduceResult", "LinkPool", "PSShard", "ScheduleMode", "SimConfig", "SimEvent",
+    "AllReduceResult", "LinkPool", "PSShard", "SimConfig", "SimEvent",
     "SimResult", "SimStage", "Transfer", "VWStats", "VirtualWorker", "data_parallel",
     "default_ps_map", "from_plan", "horovod", "ring_allreduce_seconds", "simulate",
     "stage_param_bytes", "stage_times", "stage_update_times",

@@ -32,7 +32,7 @@ from typing import Sequence
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.sim.fixed_point import simulate_fixed_point
 from hetpipe_tf.sim.links import Transfer
-from hetpipe_tf.sim.model import ScheduleMode, SimConfig, VirtualWorker
+from hetpipe_tf.sim.model import SimConfig, VirtualWorker
 from hetpipe_tf.sim.pipelines import PipelineCache, final_waves, pull_waves
 from hetpipe_tf.sim.replay import OutOfOrder, Replay
 from hetpipe_tf.sim.result import SimResult, summarise
@@ -104,7 +104,7 @@ def simulate(virtual_workers: Sequence[VirtualWorker], config: SimConfig,
     vws = tuple(virtual_workers)
     if not vws:
         raise ValueError("simulate needs at least one virtual worker. Received: [].")
-    if config.mode in (ScheduleMode.GPIPE, ScheduleMode.ONE_F_ONE_B):
+    if config.mode.synchronous:
         from hetpipe_tf.sim.gpipe import simulate_gpipe
         return simulate_gpipe(vws, config, cluster)
     if all(vw.stages[-1].forward_s + vw.stages[-1].backward_s > 0 for vw in vws):

@@ -26,7 +26,7 @@ from typing import Sequence
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.core.schedule import Event, Task, TaskKind
 from hetpipe_tf.core.sync_schedule import ActionKind, Schedule, actions, replay
-from hetpipe_tf.sim.model import ScheduleMode, SimConfig, VirtualWorker
+from hetpipe_tf.sim.model import SimConfig, VirtualWorker
 
 _KIND = {ActionKind.FORWARD: TaskKind.FORWARD, ActionKind.BACKWARD: TaskKind.BACKWARD,
          ActionKind.APPLY: TaskKind.APPLY}
@@ -70,15 +70,14 @@ def gpipe_events(forward_s: Sequence[float], backward_s: Sequence[float], micro_
 
 
 def simulate_gpipe(vws: Sequence[VirtualWorker], config: SimConfig, cluster: Cluster):
-    """`engine.simulate` in GPIPE or ONE_F_ONE_B mode: SimResult with micro-batch events."""
+    """`engine.simulate` under a synchronous `config.mode`: SimResult with micro-batch
+    events."""
     import dataclasses
 
     from hetpipe_tf.sim.result import summarise
 
-    schedule = (Schedule.ONE_F_ONE_B if config.mode is ScheduleMode.ONE_F_ONE_B
-                else Schedule.GPIPE)
     runs = [sync_events(vw.forward_times, vw.backward_times, config.n_m, config.num_waves,
-                        vw.update_times, schedule) for vw in vws]
+                        vw.update_times, config.mode) for vw in vws]
     gates = [[0.0] * config.num_minibatches for _ in vws]
     r = summarise(vws, config, cluster, runs, gates, ())
     m = config.n_m  # summarise counts micro-batches; report minibatches

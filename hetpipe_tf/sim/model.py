@@ -26,21 +26,16 @@ copies of a step take ~1.4x the time of one), which a per-device cost model cann
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import Mapping, Sequence
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.spec import Cluster
+from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.partitioner.plan import Plan
 
 # stage index -> list of (parameter-server host, bytes of that stage's parameters it holds)
 PSMap = Mapping[int, Sequence[tuple[str, int]]]
-
-
-class ScheduleMode(enum.Enum):
-    HETPIPE = "hetpipe"  # Section 4 pipeline, N_m minibatches in flight, WSP across VWs
-    GPIPE = "gpipe"      # M micro-batches: all forwards, all backwards, one update
-    ONE_F_ONE_B = "1f1b"  # M micro-batches, PipeDream-flush order, one update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +49,7 @@ class PSShard:
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"PSShard host must be a host name. Received: host={self.host!r}; "
                              "pass the name of a Host of the cluster.")
-        if isinstance(self.nbytes, bool) or not isinstance(self.nbytes, int) or self.nbytes < 0:
-            raise ValueError(f"PSShard nbytes must be an int >= 0. Received: "
-                             f"nbytes={self.nbytes!r}; pass a byte count.")
+        check_int("nbytes", self.nbytes, minimum=0, hint="pass a byte count")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +90,7 @@ class VirtualWorker:
         if not self.stages:
             raise ValueError(f"A virtual worker needs at least one stage. Received: "
                              f"{self.name} with stages=(); plan it first.")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1. Received: batch_size={self.batch_size}.")
+        check_int("batch_size", self.batch_size, minimum=1)
 
     @property
     def num_stages(self) -> int:
@@ -125,25 +117,22 @@ class SimConfig:
     clock_distance: D of WSP (Section 5); 0 is BSP-like.
     num_waves: waves each VW runs (num_waves x n_m minibatches per VW).
     intra_scale: fraction of the nominal PCIe bandwidth transfers reach (comm.py's constant).
-    mode: HETPIPE, or GPIPE / ONE_F_ONE_B (then n_m is the number of micro-batches M per
-      minibatch).
+    mode: the `Schedule` (or its name): HETPIPE (Section 4 pipelines, WSP across VWs), or
+      a synchronous one (then n_m is the number of micro-batches M per minibatch).
     """
 
     n_m: int
     clock_distance: int = 0
     num_waves: int = 10
     intra_scale: float = 0.7
-    mode: ScheduleMode = ScheduleMode.HETPIPE
+    mode: Schedule = Schedule.HETPIPE
 
     def __post_init__(self) -> None:
-        for f in ("n_m", "num_waves"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"SimConfig {f} must be an int >= 1. Received: {f}={v!r}.")
-        d = self.clock_distance
-        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-            raise ValueError(f"clock_distance must be an int >= 0. Received: "
-                             f"clock_distance={d!r}; use 0 for BSP-like WSP.")
+        object.__setattr__(self, "mode", Schedule.parse(self.mode))
+        check_int("n_m", self.n_m, minimum=1)
+        check_int("num_waves", self.num_waves, minimum=1)
+        check_int("clock_distance", self.clock_distance, minimum=0,
+                  hint="use 0 for BSP-like WSP")
         if not 0 < self.intra_scale <= 1:
             raise ValueError(f"intra_scale must be in (0, 1]. Received: "
                              f"intra_scale={self.intra_scale!r}.")

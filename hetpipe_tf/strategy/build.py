@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.cluster.roles import connected_to_cluster
-from hetpipe_tf.partitioner.layer_graph import input_shapes_set, set_input_shapes
+from hetpipe_tf.partitioner.input_shapes import input_shapes_set, set_input_shapes
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime, runs_in_graph
 from hetpipe_tf.pipeline.program import Program

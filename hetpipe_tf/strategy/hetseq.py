@@ -146,7 +146,7 @@ def plan_shares(model, cluster, batch_size: int, given: tuple[int, ...] | None) 
     """The devices' shares of `batch_size` (module docstring)."""
     from hetpipe_tf.partitioner.layer_graph import LayerGraph
     from hetpipe_tf.partitioner.planner import measurable_devices
-    from hetpipe_tf.partitioner.profile import profile_model
+    from hetpipe_tf.partitioner.profiling import profile_model
 
     devices = cluster.devices
     if given is not None and len(given) != len(devices):

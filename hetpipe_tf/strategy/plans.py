@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 from typing import Sequence
 
-from hetpipe_tf.partitioner.cost import held_minibatches
+from hetpipe_tf.core.schedule import held_minibatches
 from hetpipe_tf.partitioner.layer_graph import LayerGraph
 from hetpipe_tf.partitioner.plan import Plan, StagePlan
 

@@ -141,6 +141,5 @@ def sync_memory(extended):
     if not synchronous(extended):
         return None
     from hetpipe_tf.partitioner.cost import SyncMemory
-    return SyncMemory(extended.micro_batches,
-                      one_f_one_b=extended.schedule is Schedule.ONE_F_ONE_B,
+    return SyncMemory(extended.micro_batches, schedule=extended.schedule,
                       rematerialize=extended.rematerialize)

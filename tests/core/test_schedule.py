@@ -31,6 +31,36 @@ def test_wave_and_may_start():
     assert sch.may_start(4, completed=1, n_m=3) and not sch.may_start(5, completed=1, n_m=3)
 
 
+def test_held_minibatches_rule():
+    assert [sch.held_minibatches(j, 4, 5) for j in range(4)] == [5, 5, 5, 1]
+    assert sch.held_minibatches(0, 1, 3) == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 5), n_m=st.integers(1, 5))
+def test_held_minibatches_is_reached_when_the_last_stage_is_the_bottleneck(k, n_m):
+    # Peak of forwards started and not yet backwarded per stage, read off the trace.
+    fwd = [1.0] * (k - 1) + [20.0]
+    order = sch.per_stage_order(sch.simulate(k, n_m, 3 * n_m, forward_time=fwd))
+    peaks = []
+    for j in range(k):
+        alive = peak = 0
+        for t in order[j]:
+            alive += t.kind is not B
+            peak = max(peak, alive)
+            alive -= t.kind is not F
+        peaks.append(peak)
+    assert peaks == [sch.held_minibatches(j, k, n_m) for j in range(k)]
+
+
+def test_check_trace_refuses_more_than_n_m_in_flight():
+    order = {0: [Task(0, 1, F), Task(0, 2, F), Task(0, 3, F), Task(0, 1, B), Task(0, 2, B),
+                 Task(0, 3, B)], 1: [Task(1, p, FB) for p in (1, 2, 3)]}
+    sch.check_trace(order, 2, 3)
+    with pytest.raises(sch.ScheduleViolation, match="more than N_m=2 minibatches"):
+        sch.check_trace(order, 2, 2)
+
+
 def test_simulate_two_stages_exact_order():
     # k = 2, N_m = 2, fwd 1, bwd 2 (last stage fwd+bwd = 3).
     ev = sch.simulate(2, 2, 4)

@@ -38,6 +38,20 @@ def test_schedule_enum():
         ss.actions(Schedule.HETPIPE, 2, 2)
     with pytest.raises(ValueError, match="micro_batches=0"):
         ss.gpipe(2, 0)
+    assert Schedule.parse("1F1B") is Schedule.ONE_F_ONE_B
+    assert Schedule.parse("one-f-one-b") is Schedule.ONE_F_ONE_B
+
+
+def test_held_is_each_schedules_own_rule():
+    # Read off the schedule's own lists: GPipe M everywhere, 1F1B min(K - j, M).
+    assert Schedule.GPIPE.held(3, 4) == (4, 4, 4)
+    assert Schedule.ONE_F_ONE_B.held(3, 4) == (3, 2, 1)
+    assert Schedule.ONE_F_ONE_B.held(4, 2) == (2, 2, 2, 1)
+    # HETPIPE: minibatches, N_m on every stage but the last.
+    assert Schedule.HETPIPE.held(3, 4) == (4, 4, 1)
+    for s in Schedule:
+        if s.synchronous:
+            assert s.held(3, 5) == tuple(ss.peak_alive(a) for a in ss.actions(s, 3, 5))
 
 
 def test_check_refuses_bad_lists():
@@ -83,7 +97,7 @@ def test_replay_transfer_delays_consumers():
 def test_properties(k, m):
     g, o = ss.gpipe(k, m), ss.one_f_one_b(k, m)
     ss.check_actions(g, k, m, max_alive=[m] * k)
-    ss.check_actions(o, k, m, max_alive=[ss.max_alive_1f1b(j, k, m) for j in range(k)])
+    ss.check_actions(o, k, m, max_alive=[min(k - j, m) for j in range(k)])
     assert [ss.peak_alive(a) for a in g] == [m] * k
     assert [ss.peak_alive(a) for a in o] == [min(k - j, m) for j in range(k)]
     # Same backward order on every stage (gradients summed in micro-batch order).

@@ -5,7 +5,7 @@ import pytest
 
 from hetpipe_tf.cluster.spec import Cluster, Device, Host
 from hetpipe_tf.partitioner.comm import CommModel
-from hetpipe_tf.partitioner.cost import CostModel, held_minibatches, optimizer_slots
+from hetpipe_tf.partitioner.cost import CostModel, optimizer_slots
 from hetpipe_tf.partitioner.profile import LayerCost, ModelProfile
 
 
@@ -47,11 +47,6 @@ def test_stage_costs_by_hand():
     # there), 1x activations 500, plus the received input 10_000 once
     assert second.held == 1 and second.memory_bytes == 5000 + 7500 + 5000 + 500 + 10_000
     assert first.memory_available == 500_000 and second.memory_available == 1_000_000
-
-
-def test_held_minibatches_rule():
-    assert [held_minibatches(j, 4, 5) for j in range(4)] == [5, 5, 5, 1]
-    assert held_minibatches(0, 1, 3) == 1
 
 
 def test_optimizer_slots():
@@ -160,7 +155,7 @@ def test_prediction_memory_is_charged_per_version_at_n_m_above_one():
                                 {"per_version": True}])
 def test_prediction_memory_rejects_what_is_not_a_count(kw):
     from hetpipe_tf.partitioner.cost import PredictionMemory
-    with pytest.raises(ValueError, match=r"must be an int >= 0. Received: "):
+    with pytest.raises(ValueError, match=r"must be an integer >= 0. Received: "):
         PredictionMemory(**kw)
 
 

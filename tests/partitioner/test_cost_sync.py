@@ -4,6 +4,7 @@ the planner finding a layout that fits only with re-materialization or 1F1B."""
 import pytest
 
 from hetpipe_tf.cluster.spec import Cluster, Device, Host
+from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.partitioner import milp
 from hetpipe_tf.partitioner.comm import CommModel
 from hetpipe_tf.partitioner.cost import CostModel, SyncMemory
@@ -50,7 +51,7 @@ def test_memory_per_schedule_by_hand():
     assert (s0.memory_bytes, s0.held) == (fixed0 + 100, 4)
     assert (s1.memory_bytes, s1.held) == (fixed1 + 125 + 10_000, 4)
     # 1F1B: stage 0 holds min(K - 0, M) = 2 micro-batches, the last one 1.
-    s0, s1 = _costs(SyncMemory(4, one_f_one_b=True))
+    s0, s1 = _costs(SyncMemory(4, schedule=Schedule.ONE_F_ONE_B))
     assert (s0.memory_bytes, s0.held) == (fixed0 + 50, 2)
     assert (s1.memory_bytes, s1.held) == (fixed1 + 125 + 2_500, 1)
     # Re-materialization: only the inputs (none at stage 0) and one micro-batch's set.
@@ -65,6 +66,9 @@ def test_memory_per_schedule_by_hand():
 def test_sync_memory_refuses_bad_values():
     with pytest.raises(ValueError, match="micro_batches=0"):
         SyncMemory(0)
+    with pytest.raises(ValueError, match="synchronous schedule"):
+        SyncMemory(2, schedule=Schedule.HETPIPE)
+    assert SyncMemory(2, schedule="1f1b").schedule is Schedule.ONE_F_ONE_B
     a, b, cluster = _cluster()
     with pytest.raises(ValueError, match="n_m=2"):
         CostModel(_profile(), [a, b], cluster, n_m=2, sync=SyncMemory(2))
@@ -79,7 +83,8 @@ def test_a_model_that_fits_only_with_rematerialization_or_1f1b_gets_a_plan():
         milp.solve(profile, [a, b], 1, sync=SyncMemory(4), **kw)
     plan = milp.solve(profile, [a, b], 1, sync=SyncMemory(4, rematerialize=True), **kw)
     assert plan.stages[0].memory_bytes <= plan.stages[0].memory_available
-    assert milp.fits(profile, [a, b], 1, sync=SyncMemory(4, one_f_one_b=True), **kw)
+    assert milp.fits(profile, [a, b], 1, sync=SyncMemory(4, schedule=Schedule.ONE_F_ONE_B),
+                     **kw)
     # M's limit follows from memory: with re-materialization 2 micro-batches are enough.
     assert milp.min_micro_batches(profile, [a, b], rematerialize=True, **kw) == 2
     assert milp.min_micro_batches(profile, [a, b], **kw) is None
@@ -91,7 +96,7 @@ def test_plan_model_plans_for_a_synchronous_schedule():
     profile = _profile(acts=(800_000, 1_000), cuts=(1_000,), batch=4)
     opts = milp.SolverOptions(usable_fraction=0.5)
     got = plan_model(None, cluster, 4, profile=profile, options=opts,
-                     sync=SyncMemory(4, one_f_one_b=True))
+                     sync=SyncMemory(4, schedule=Schedule.ONE_F_ONE_B))
     assert got.plan.n_m == 1 and got.max_m == 1
     assert [s.minibatches_held for s in got.plan.stages] == [2, 1]   # micro-batches held
     with pytest.raises(PartitionError, match="n_m=2"):

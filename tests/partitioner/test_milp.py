@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hetpipe_tf.cluster.spec import paper_cluster
-from hetpipe_tf.partitioner import milp
+from hetpipe_tf.partitioner import bounds, milp
 from hetpipe_tf.partitioner.cost import CostModel
 from hetpipe_tf.partitioner.plan import PartitionError
 from tests.partitioner.instances import exhaustive_best, random_instance
@@ -154,7 +154,7 @@ def test_cut_windows_never_exclude_the_optimum():
         plan = milp.solve(profile, devices, 1, cluster=cluster, options=EXACT)
         order = [cluster.device(n) for n in plan.devices]
         cm = CostModel(profile, order, cluster, n_m=1)
-        lo, hi = milp.cut_windows(cm, order, plan.predicted_stage_time_s)
+        lo, hi = bounds.cut_windows(cm, order, plan.predicted_stage_time_s)
         cuts = np.array([s.last for s in plan.stages[:-1]])
         assert np.all(lo <= cuts) and np.all(cuts <= hi)
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy.optimize import OptimizeResult
 
-from hetpipe_tf.partitioner import milp
+from hetpipe_tf.partitioner import bounds, formulation, milp
 from hetpipe_tf.partitioner.cost import CostModel
 from hetpipe_tf.partitioner.plan import PartitionError
 from tests.partitioner.instances import exhaustive_best, random_instance
@@ -91,18 +91,18 @@ def test_overflowing_stages_is_exact_to_the_byte():
     profile, devices, cluster, (cuts, names) = knife_edge_instance(5, 6, 3, 2, 1)
     order = [cluster.device(n) for n in names]
     cm = CostModel(profile, devices, cluster, n_m=2, optimizer_slots=1, usable_fraction=1.0)
-    assert milp.overflowing_stages(cm, cuts, order) == []
+    assert formulation.overflowing_stages(cm, cuts, order) == []
     for short_by in (1, 2):
         profile, devices, cluster, (cuts, names) = knife_edge_instance(5, 6, 3, 2, 1,
                                                                        short_by=short_by)
         order = [cluster.device(n) for n in names]
         cm = CostModel(profile, devices, cluster, n_m=2, optimizer_slots=1,
                        usable_fraction=1.0)
-        over = milp.overflowing_stages(cm, cuts, order)
+        over = formulation.overflowing_stages(cm, cuts, order)
         assert len(over) == 1
         j, first, last = over[0]
-        bounds = [-1, *cuts, 5]
-        assert (first, last) == (bounds[j] + 1, bounds[j + 1])
+        edges = [-1, *cuts, 5]
+        assert (first, last) == (edges[j] + 1, edges[j + 1])
         cost = cm.evaluate(cuts, order)[j]
         assert cost.memory_bytes - cost.memory_available == short_by
 
@@ -114,7 +114,7 @@ class _FailingMilp:
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.options: list[dict] = []
-        self.real = milp.milp
+        self.real = formulation.milp
 
     def __call__(self, *args, **kwargs):
         self.options.append(dict(kwargs.get("options") or {}))
@@ -129,7 +129,7 @@ def test_a_solver_error_is_retried_with_presolve_switched(monkeypatch, options):
     profile, devices, cluster = random_instance(5, 6, 3, memory_scale=5.0)
     expected = milp.solve(profile, devices, 2, cluster=cluster, options=options)
     fake = _FailingMilp(failures=1)
-    monkeypatch.setattr(milp, "milp", fake)
+    monkeypatch.setattr(formulation, "milp", fake)
     plan = milp.solve(profile, devices, 2, cluster=cluster, options=options)
     assert fake.options[0]["presolve"] is False      # the exact default
     assert fake.options[1]["presolve"] is True       # the retry, on the same model
@@ -137,7 +137,7 @@ def test_a_solver_error_is_retried_with_presolve_switched(monkeypatch, options):
                                                         rel=1e-9)
     assert plan.devices == expected.devices and "solver error" not in plan.solver
     fake = _FailingMilp(failures=1)
-    monkeypatch.setattr(milp, "milp", fake)
+    monkeypatch.setattr(formulation, "milp", fake)
     assert milp.fits(profile, devices, 2, cluster=cluster, options=options)
 
 
@@ -146,8 +146,8 @@ def test_a_persistent_solver_error_is_not_reported_as_infeasible(monkeypatch, op
     # A feasible instance, with no greedy layout to fall back on: only the MILP could tell.
     profile, devices, cluster = random_instance(5, 6, 3, memory_scale=5.0)
     assert exhaustive_best(profile, devices, cluster, 2, usable_fraction=1.0) is not None
-    monkeypatch.setattr(milp, "heuristic_partition", lambda cm, order: None)
-    monkeypatch.setattr(milp, "milp", _FailingMilp(failures=10**9))
+    monkeypatch.setattr(bounds, "heuristic_partition", lambda cm, order: None)
+    monkeypatch.setattr(formulation, "milp", _FailingMilp(failures=10**9))
     with pytest.raises(milp.SolverError, match="not an infeasibility"):
         milp.solve(profile, devices, 2, cluster=cluster, options=options)
     with pytest.raises(milp.SolverError, match="not an infeasibility"):
@@ -160,7 +160,7 @@ def test_a_solver_error_on_some_orders_marks_the_plan(monkeypatch):
     profile, devices, cluster = random_instance(5, 6, 3, memory_scale=5.0)
     assert milp.count_distinct_orders(devices) > 1
     fake = _FailingMilp(failures=2)    # the first order, both presolve settings
-    monkeypatch.setattr(milp, "milp", fake)
+    monkeypatch.setattr(formulation, "milp", fake)
     plan = milp.solve(profile, devices, 2, cluster=cluster, options=EXACT)
     assert "solver error on 1 order(s)" in plan.solver
     cm = CostModel(profile, devices, cluster, n_m=2, usable_fraction=1.0)
@@ -174,7 +174,7 @@ class _LimitedMilp:
     incumbent at its time limit (status 1 with x)."""
 
     def __init__(self) -> None:
-        self.real = milp.milp
+        self.real = formulation.milp
 
     def __call__(self, *args, **kwargs):
         res = self.real(*args, **kwargs)
@@ -189,7 +189,7 @@ def test_an_incumbent_at_the_time_limit_is_not_called_optimal(monkeypatch, optio
     profile, devices, cluster = random_instance(5, 6, 3, memory_scale=5.0)
     proven = milp.solve(profile, devices, 2, cluster=cluster, options=options)
     assert "time limit" not in proven.solver
-    monkeypatch.setattr(milp, "milp", _LimitedMilp())
+    monkeypatch.setattr(formulation, "milp", _LimitedMilp())
     plan = milp.solve(profile, devices, 2, cluster=cluster, options=options)
     assert "time limit reached, best layout found" in plan.solver
     assert _fits_exactly(plan, profile, devices, cluster, 2, 0)

@@ -34,12 +34,12 @@ def test_default_n_m_and_n_m_above_max_m():
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"n_m": "2"}, r"n_m must be None or an int >= 1. Received: n_m='2'"),
+    ({"n_m": "2"}, r"n_m must be an integer >= 1. Received: n_m='2'; pass n_m=None"),
     ({"n_m": 0}, r"Received: n_m=0"),
     ({"n_m": True}, r"Received: n_m=True"),
     ({"n_m": 2.0}, r"Received: n_m=2.0"),
-    ({"max_n_m": 0}, r"max_n_m must be an int >= 1. Received: max_n_m=0"),
-    ({"batch_size": "8"}, r"batch_size must be an int >= 1. Received: batch_size='8'"),
+    ({"max_n_m": 0}, r"max_n_m must be an integer >= 1. Received: max_n_m=0"),
+    ({"batch_size": "8"}, r"batch_size must be an integer >= 1. Received: batch_size='8'"),
 ])
 def test_malformed_arguments_are_value_errors_before_profiling(kw, match, monkeypatch):
     import hetpipe_tf.partitioner.planner as planner

@@ -13,8 +13,8 @@ from hetpipe_tf.partitioner.profile import (
     LayerCost,
     ModelProfile,
     estimate_time,
-    profile_model,
 )
+from hetpipe_tf.partitioner.profiling import profile_model
 
 L = keras.layers
 F32 = 4

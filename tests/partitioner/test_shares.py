@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.partitioner.layer_graph import LayerGraph
-from hetpipe_tf.partitioner.profile import profile_model
+from hetpipe_tf.partitioner.profiling import profile_model
 from hetpipe_tf.partitioner.shares import (DeviceSpeed, ShareError, choose_shares,
                                            given_shares, speeds_from_profile, uniform_speeds)
 

@@ -8,7 +8,7 @@ from hetpipe_tf.partitioner.plan import Plan, StagePlan
 from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.core.sync_schedule import ActionKind, Schedule, actions, bubble_fraction
 from hetpipe_tf.sim.gpipe import gpipe_events, sync_events
-from hetpipe_tf.sim.model import ScheduleMode, SimConfig, SimStage, VirtualWorker, from_plan
+from hetpipe_tf.sim.model import SimConfig, SimStage, VirtualWorker, from_plan
 
 CLUSTER = paper_cluster()
 
@@ -21,7 +21,7 @@ def test_gpipe_bubble(k, m):
     f, b = 1.0, 2.0
     vw = VirtualWorker("g", tuple(SimStage(f"host0/gpu{j % 4}", "host0", f * m, b * m)
                                   for j in range(k)), 32)
-    r = simulate([vw], SimConfig(n_m=m, num_waves=3, mode=ScheduleMode.GPIPE), CLUSTER)
+    r = simulate([vw], SimConfig(n_m=m, num_waves=3, mode=Schedule.GPIPE), CLUSTER)
     assert r.makespan_s == pytest.approx(3 * (m + k - 1) * (f + b))
     for u in r.vws[0].utilisation:
         assert 1 - u == pytest.approx((k - 1) / (m + k - 1))
@@ -84,7 +84,14 @@ def test_one_f_one_b_mode_has_gpipes_bubble():
     f, b, k, m = 1.0, 2.0, 4, 6
     vw = VirtualWorker("g", tuple(SimStage(f"host0/gpu{j % 4}", "host0", f * m, b * m)
                                   for j in range(k)), 24)
-    r = simulate([vw], SimConfig(n_m=m, num_waves=2, mode=ScheduleMode.ONE_F_ONE_B), CLUSTER)
+    r = simulate([vw], SimConfig(n_m=m, num_waves=2, mode=Schedule.ONE_F_ONE_B), CLUSTER)
     assert r.makespan_s == pytest.approx(2 * (m + k - 1) * (f + b))
     for u in r.vws[0].utilisation:
         assert 1 - u == pytest.approx(bubble_fraction(k, m))
+
+
+def test_sim_config_takes_cores_schedule_or_its_name():
+    assert SimConfig(n_m=2).mode is Schedule.HETPIPE
+    assert SimConfig(n_m=2, mode="1f1b").mode is Schedule.ONE_F_ONE_B
+    with pytest.raises(ValueError, match="Received: schedule='pipedream'"):
+        SimConfig(n_m=2, mode="pipedream")

@@ -2,7 +2,8 @@
 
 cluster -> partitioner -> core -> pipeline -> ps -> strategy -> observe, with sim beside
 (it reads plans and core rules), no cycles between subpackages, and core/ free of
-TensorFlow and Keras, also at run time.
+TensorFlow and Keras, also at run time. The partitioner reads core's schedules (their
+memory rules); core imports no subpackage.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ PKG = ROOT / "hetpipe_tf"
 ALLOWED = {
     "core": set(),
     "cluster": set(),
-    "partitioner": {"cluster"},
+    "partitioner": {"cluster", "core"},
     "pipeline": {"core", "cluster", "partitioner"},
     "ps": {"core", "cluster", "partitioner", "pipeline"},
     "strategy": {"core", "cluster", "partitioner", "pipeline", "ps"},
@@ -88,9 +89,58 @@ def test_no_cycles_between_subpackages():
             visit(n, [n])
 
 
+def _module_edges(subpackage: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same subpackage it imports (also inside functions)."""
+    prefix = f"hetpipe_tf.{subpackage}."
+    edges: dict[str, set[str]] = {}
+    for f in (PKG / subpackage).glob("*.py"):
+        deps = set()
+        for mod in _imports(f):
+            if mod.startswith(prefix):
+                name = mod[len(prefix):].split(".")[0]
+                if (PKG / subpackage / f"{name}.py").exists():
+                    deps.add(name)
+        edges[f.stem] = deps - {f.stem}
+    return edges
+
+
+def test_no_cycles_between_modules_of_core_and_partitioner():
+    for subpackage in ("core", "partitioner"):
+        edges = _module_edges(subpackage)
+        state: dict[str, int] = {}
+
+        def visit(n, path):
+            state[n] = 1
+            for m in sorted(edges.get(n, ())):
+                if state.get(m) == 1:
+                    raise AssertionError(f"import cycle in {subpackage}/: "
+                                         f"{' -> '.join(path + [m])}")
+                if m not in state:
+                    visit(m, path + [m])
+            state[n] = 2
+
+        for n in sorted(edges):
+            if n not in state:
+                visit(n, [n])
+
+
 def test_core_imports_no_tensorflow_at_run_time():
-    code = ("import sys, hetpipe_tf.core.schedule, hetpipe_tf.core.wsp; "
+    code = ("import sys, hetpipe_tf.core.schedule, hetpipe_tf.core.sync_schedule, "
+            "hetpipe_tf.core.wsp; "
             "bad = [m for m in ('tensorflow', 'keras', 'numpy') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_profiles_plans_and_the_simulator_import_no_tensorflow_at_run_time():
+    # A ModelProfile is a JSON value: reading one, planning from it and simulating the plan
+    # need no TensorFlow (profiling.py measures with it).
+    sim = " ".join(f"hetpipe_tf.sim.{f.stem}," for f in sorted((PKG / "sim").glob("*.py"))
+                   if f.stem != "__init__")
+    code = (f"import sys, hetpipe_tf.partitioner.profile, hetpipe_tf.partitioner.milp, {sim} "
+            "hetpipe_tf.sim; bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)

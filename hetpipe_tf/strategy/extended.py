@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import sys
 import threading
 import weakref
@@ -29,92 +28,34 @@ import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
-from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.strategy.build import (Training, build_training, changed_without_compile,
                                        compiled_state, fix_open_inputs, same_compile)
-from hetpipe_tf.strategy.guards import guard_model
-from hetpipe_tf.strategy.validation import (check_batch_fits, check_n_m, check_plans,
-                                            check_same_batch)
+from hetpipe_tf.strategy.guards import guard_model, install_draining_metrics
+from hetpipe_tf.strategy.layout import Layout
+from hetpipe_tf.strategy.options import StrategyOptions
+from hetpipe_tf.strategy.plans import layer_devices
+from hetpipe_tf.strategy.validation import check_batch_fits, check_same_batch
 
 
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
-    data_parallel = None   # a strategy.hetseq.DataParallel, set by HetPipeStrategy
-    shares = None          # HetSeq shares given by hand (tuple of ints) or None
-    compensation_by_default = False   # the user gave no compensation (set by the strategy)
+    """tf.distribute plumbing and per-model state; every option is `options`, frozen.
 
-    def __init__(self, container, cluster, plan, n_m, max_m, clock_distance=0,
-                 placement="default", ps_hosts=None, allocation=None,
-                 num_virtual_workers=None, fresh_pulls=True, in_graph=True,
-                 compensation="none"):
-        from hetpipe_tf.cluster.allocation import AllocationPolicy
-        from hetpipe_tf.strategy.compensation import Compensation
-        from hetpipe_tf.ps.placement import PlacementPolicy
+    Nothing writes an attribute of this object after its constructor: per-model state lives
+    in the dicts made here (a model's `Training`, its `Layout`, its trace)."""
 
+    def __init__(self, container, options: StrategyOptions, task=None):
         super().__init__(container)
-        self._cluster_arg = cluster
-        self._plan_fn = plan if callable(plan) else None
-        if plan is None or callable(plan):
-            self.plans: tuple = ()
-        else:
-            self.plans = (plan,) if isinstance(plan, Plan) else check_plans(plan)
-        # One plan: its variables are created on their stage devices. Several VWs: the
-        # model's variables stay on the host (each VW has copies).
-        self.plan = self.plans[0] if len(self.plans) == 1 else None
-        self.n_m = n_m if n_m is not None else (self.plans[0].n_m if self.plans else None)
-        # Checked here, not first at the fit that plans: bad input fails before any work.
-        for field, value in (("max_m", max_m), ("num_virtual_workers", num_virtual_workers)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError(f"{field} must be an int >= 1 or None. Received: "
-                                 f"{field}={value!r}; pass a positive int, or None for the "
-                                 "default.")
-        self.max_m = max_m
-        if (not self.plans and self._plan_fn is None and cluster is None
-                and not os.environ.get("TF_CONFIG")):
-            raise ValueError(
-                "HetPipeStrategy needs the virtual worker's devices. Received: cluster=None, "
-                "plan=None and no TF_CONFIG; pass a cluster (hetpipe_tf.cluster) or a plan.")
-        if self.n_m is not None:
-            for p in self.plans or (None,):
-                check_n_m(self.n_m, max_m, p)
-        if (isinstance(clock_distance, bool) or not isinstance(clock_distance, int)
-                or clock_distance < 0):
-            raise ValueError("clock_distance (WSP's D) must be an int >= 0. Received: "
-                             f"clock_distance={clock_distance!r}; use 0 for BSP-like waves.")
-        self.clock_distance = clock_distance
-        self.placement = PlacementPolicy.parse(placement)
-        self.ps_hosts = None if ps_hosts is None else tuple(ps_hosts)
-        self.allocation = None if allocation is None else AllocationPolicy.parse(allocation)
-        self.num_virtual_workers = num_virtual_workers
-        if not isinstance(fresh_pulls, bool):
-            raise ValueError("fresh_pulls must be True or False. Received: "
-                             f"fresh_pulls={fresh_pulls!r}.")
-        self.fresh_pulls = fresh_pulls
-        if not isinstance(in_graph, bool):
-            raise ValueError(f"in_graph must be True or False. Received: in_graph={in_graph!r}.")
-        self.in_graph = in_graph
-        # None: the strategy's default, resolved by HetPipeStrategy once the data-parallel
-        # mode is known (BOTH, or NONE in HetSeq mode).
-        self.compensation = Compensation.parse(
-            "none" if compensation is None else compensation)
-        if self.allocation is not None and (self.plans or self._plan_fn is not None):
-            raise ValueError(
-                "allocation forms virtual workers for the planner; it cannot be combined with "
-                f"a plan. Received: allocation={self.allocation.name} and a plan; pass one "
-                "plan per virtual worker, or no plan.")
-        self._device_of_layer: dict[str, str] = {}
-        if self.plan is not None:
-            for s in self.plan.stages:
-                for name in s.layer_names:
-                    # A nested model's layer "backbone/block/dense" builds its variables
-                    # under a name scope ending in "dense" (or "block/dense"): any suffix.
-                    parts = name.split("@")[0].split("/")
-                    for i in range(len(parts)):
-                        self._device_of_layer.setdefault("/".join(parts[i:]), s.tf_device)
-        self._last_stage_device = (self.plan.stages[-1].tf_device if self.plan is not None
-                                   else None)
+        self.options = options
+        self.task = task   # this process's cluster task (roles.dispatch; None: local job)
+        plan = options.layout.plan
+        # One plan given: the model's variables are created on their stage devices.
+        # Otherwise they stay on the host (several VWs each have copies).
+        self._device_of_layer: dict[str, str] = {} if plan is None else layer_devices(plan)
+        self._last_stage_device = None if plan is None else plan.stages[-1].tf_device
         self.pipelines: dict[int, Training] = {}
+        # Per model: its layout, made at its first fit and kept across re-compiles.
+        self._layouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._traced: dict[int, InGraphRuntime | None] = {}   # per model, at its last trace
         # Per model: is its Keras train function being called after its first call (so a
         # trace now is a retrace, which tf.function lets create no variables)?
@@ -306,10 +247,45 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             self._traced.pop(id(model), None)
             t = self._build_runtime(model, data)
             self.pipelines[id(model)] = t
+            self._layouts[model] = t.layout
+            self._runtime_threads.update(t.executor.thread_ids)
+            install_draining_metrics(self, model, t.metrics_result)
             return t.executor
 
     def _build_runtime(self, model, data) -> Training:
-        return build_training(self, model, data)
+        return build_training(self.options, model, data,
+                              strategy=self._container_strategy(),
+                              layout=self._layouts.get(model),
+                              place_locally=self.place_locally, guard_model=self.guard_model)
+
+    # --- read-only views of the options and the layouts made -----------------------------
+    def layout(self) -> Layout | None:
+        """The layout of the model built last (None before a first fit)."""
+        layouts = list(self._layouts.values())
+        return layouts[-1] if layouts else None
+
+    @property
+    def plans(self) -> tuple:
+        """The plans given, else those made at the last model's first fit (else ())."""
+        made = self.layout()
+        return self.options.layout.plans or (made.plans if made is not None else ())
+
+    @property
+    def plan(self):
+        return self.plans[0] if len(self.plans) == 1 else None
+
+    @property
+    def n_m(self) -> int | None:
+        made = self.layout()
+        return made.n_m if made is not None else self.options.pipeline.n_m
+
+    @property
+    def compensation(self):
+        return self.options.compensation.value
+
+    @property
+    def clock_distance(self) -> int:
+        return self.options.wsp.clock_distance
 
     # --- the model's own calls: abort on failure, drain before reading state -------------
     def guard_model(self, model) -> None:
@@ -326,26 +302,6 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         with tf.init_scope():
             t.executor.abort()
         return error
-
-    def _cluster_or_none(self):
-        if self._cluster_arg is None and not os.environ.get("TF_CONFIG"):
-            return None
-        from hetpipe_tf.strategy.planning import resolve_cluster
-        return resolve_cluster(self._cluster_arg)
-
-    def _make_plans(self, model, batch_size) -> tuple:
-        from hetpipe_tf.strategy.planning import plan_virtual_workers, plan_with_partitioner
-        if self.data_parallel is not None and self.data_parallel.value == "hetseq":
-            from hetpipe_tf.strategy.hetseq import one_device_plans   # D > 0 (docs/hetseq.md)
-            return one_device_plans(model, batch_size, self._cluster_arg)
-        if self.allocation is None:
-            from hetpipe_tf.strategy.schedules import sync_memory
-            return plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
-                                         self.max_m, sync=sync_memory(self),
-                                         compensation=self.compensation)
-        return plan_virtual_workers(model, batch_size, self._cluster_arg, self.allocation,
-                                    self.num_virtual_workers, self.n_m, self.max_m,
-                                    compensation=self.compensation)
 
     def drain(self) -> None:
         if threading.get_ident() in self._runtime_threads:

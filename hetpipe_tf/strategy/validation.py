@@ -297,8 +297,8 @@ def _given_cluster(model):
     names tasks, not devices, so it cannot say which devices a plan may use)."""
     from hetpipe_tf.cluster.spec import Cluster
 
-    extended = getattr(model.distribute_strategy, "extended", None)
-    given = getattr(extended, "_cluster_arg", None)
+    options = getattr(model.distribute_strategy, "options", None)
+    given = getattr(getattr(options, "layout", None), "cluster", None)
     if isinstance(given, Cluster):
         return given
     if isinstance(given, dict) and "hosts" in given:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-import threading
 from typing import Any, Callable
 
 import keras

@@ -5,25 +5,26 @@ extended's `_call_for_each_replica` sees the model's bound `train_step` and repl
 `tf.py_function` that hands the batch to the model's executor (returning at once unless N_m
 minibatches are in flight and one more waits) and returns the loss and compiled metrics as
 of the last completed minibatch; one stage at N_m = 1 instead puts the stage's own ops into
-the step (`InGraphRuntime`, no py_function). `test_step`/`predict_step` (evaluate, predict,
-validation) first drain the pipeline and then run on the live weights.
+the step (`InGraphRuntime`, no py_function; the step itself is `step.py`).
+`test_step`/`predict_step` (evaluate, predict, validation) first drain the pipeline and
+then run on the live weights.
 
 It also places the variables Keras creates in the scope (on their stage's device when a
 plan is given, the model optimizer's slots on the host), passes datasets through as they
 are (one virtual worker takes the user's batches), and acts as one replica for reductions
-and updates. Building a model's executor is `build.py`; the model's wrappers, `guards.py`.
+and updates. Every option is the frozen `options` (options.py); per model it keeps the
+`Training` that `build.py` made (its executor, its `Layout`). The model's wrappers are
+`guards.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
 import threading
 import weakref
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
@@ -35,7 +36,9 @@ from hetpipe_tf.strategy.guards import guard_model, install_draining_metrics
 from hetpipe_tf.strategy.layout import Layout
 from hetpipe_tf.strategy.options import StrategyOptions
 from hetpipe_tf.strategy.plans import layer_devices
-from hetpipe_tf.strategy.validation import check_batch_fits, check_same_batch
+from hetpipe_tf.strategy.step import (bound_step, from_keras_or_tf, identity_or_keep,
+                                      submitting_step)
+from hetpipe_tf.strategy.validation import check_same_batch
 
 
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
@@ -153,8 +156,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
     # --- the step ---------------------------------------------------------------------------
     def _call_for_each_replica(self, fn, args, kwargs):
-        model, name = _bound_step(fn)
-        if model is None and not _from_keras_or_tf(fn):
+        model, name = bound_step(fn)
+        if model is None and not from_keras_or_tf(fn):
             # A custom training loop: the pipeline (stages, weight versions, the parameter
             # servers) is built from a Keras model's own step, which this function is not.
             raise NotImplementedError(
@@ -170,7 +173,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         ctx = tf.distribute.ReplicaContext(self._container_strategy(), 0)
         drained = tf.py_function(self._drain_for_step, [], Tout=tf.bool)
         with tf.control_dependencies([drained]), ctx:
-            args = tf.nest.map_structure(_identity_or_keep, args)
+            args = tf.nest.map_structure(identity_or_keep, args)
             return fn(*args, **kwargs)
 
     def _drain_for_step(self):
@@ -188,42 +191,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if isinstance(runtime, InGraphRuntime):   # no py_function: ops of Keras' step
             x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
             return runtime.step(training.program.model_inputs(x), y, sw)
-        flat = tf.nest.flatten(data)
-        present = [i for i, t in enumerate(flat) if t is not None]
-        structure = data
-        spec = training.metrics_result()  # traced only for the logs' names, dtypes, shapes
-        keys = list(spec.keys())
-        dtypes = [tf.as_dtype(spec[k].dtype) for k in keys]
-        shapes = [spec[k].shape for k in keys]
-        np_dtypes = [d.as_numpy_dtype for d in dtypes]
-        program = training.program
-        # An open batch dimension (an epoch's remainder, generators): each batch is checked
-        # against the planned size when it arrives; smaller ones run as they are.
-        open_batch = any(flat[i].shape.rank and flat[i].shape[0] is None for i in present)
-
-        def submit(*tensors):
-            full = [None] * len(flat)
-            for i, t in zip(present, tensors):
-                full[i] = t
-            if open_batch and tensors and tensors[0].shape.rank:
-                try:
-                    check_batch_fits(int(tensors[0].shape[0]), training.batch_size)
-                except ValueError as e:   # re-raised as itself by the guarded fit
-                    self.refused[id(model)] = e
-                    raise
-            batch = tf.nest.pack_sequence_as(structure, full)
-            x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-            runtime.submit(program.model_inputs(x), y, sw)
-            logs = runtime.logs
-            if logs is None:
-                return [tf.zeros(s, d) for s, d in zip(shapes, dtypes)]
-            # Host values (`_set_logs`): handed back as NumPy, no eager cast op per metric.
-            return [np.asarray(logs[k], d) for k, d in zip(keys, np_dtypes)]
-
-        out = tf.py_function(submit, [flat[i] for i in present], Tout=dtypes)
-        for t, s in zip(out, shapes):
-            t.set_shape(s)
-        return dict(zip(keys, out))
+        return submitting_step(runtime, training, data,
+                               refuse=lambda e: self.refused.__setitem__(id(model), e))
 
     def _runtime_for(self, model, data):
         with self._lock:
@@ -235,7 +204,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 # trainable flags. The old runtime is drained, so the model holds its state.
                 with tf.init_scope():
                     t.executor.close()
-                self._runtime_threads -= t.executor.thread_ids   # idents may be reused
+                self._runtime_threads.difference_update(t.executor.thread_ids)   # reusable idents
                 del self.pipelines[id(model)]
                 t = None
             if t is not None:
@@ -405,28 +374,3 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def _get_local_replica_id(self, replica_id_in_sync_group):
         return replica_id_in_sync_group
-
-
-def _identity_or_keep(t):
-    return tf.identity(t) if isinstance(t, tf.Tensor) else t
-
-
-def _from_keras_or_tf(fn) -> bool:
-    """Whether `fn` is Keras' or TensorFlow's own (Keras' predict runs a closure of its own
-    around predict_step), not a user's step function."""
-    module = getattr(inspect.unwrap(fn), "__module__", None) or ""
-    return module.split(".")[0] in ("keras", "tensorflow", "tf_keras")
-
-
-def _bound_step(fn):
-    """(model, method name) when fn is a Keras model's bound step method, else (None, None)."""
-    f = fn
-    for _ in range(5):
-        self_ = getattr(f, "__self__", None)
-        if isinstance(self_, keras.Model):
-            return self_, getattr(f, "__name__", None)
-        nxt = getattr(f, "__wrapped__", None)
-        if nxt is None:
-            break
-        f = nxt
-    return None, None

@@ -34,6 +34,9 @@ class HetPipeStrategy(tf.distribute.Strategy):
     several plans (or an `allocation`), several VWs do data parallelism through parameter
     servers under Wave Synchronous Parallel (paper Section 5; docs/wsp.md).
 
+    The arguments are checked and every default resolved once, when the strategy is made,
+    into the frozen `strategy.options` (hetpipe_tf/strategy/options.py).
+
     Args:
       cluster: the devices: a `hetpipe_tf.cluster` Cluster, a dict, a
         `tf.train.ClusterSpec`, a ClusterResolver, or None to read TF_CONFIG. Optional when

@@ -30,7 +30,8 @@ from hetpipe_tf.strategy.hetseq import build_hetseq, split_shares, whole_batch_n
 from hetpipe_tf.strategy.layout import Layout
 from hetpipe_tf.strategy.remote_guard import GuardedPipelineRuntime, guard_for
 
-logger = logging.getLogger(__name__)
+# What a build chose (the VWs' plans, the batch dispatch) is logged under one name.
+logger = logging.getLogger("hetpipe_tf.strategy.build")
 
 
 @dataclasses.dataclass(frozen=True)

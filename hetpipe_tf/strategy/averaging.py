@@ -28,16 +28,15 @@ from typing import Callable
 import keras
 
 from hetpipe_tf import _keras_shim
+from hetpipe_tf._args import check_int
 
 __all__ = ["averaging_scale", "scale_learning_rate", "averaging_adjustment"]
 
 
 def averaging_scale(num_vws: int) -> float:
     """The factor of each VW's learning rate: 1 / N."""
-    if isinstance(num_vws, bool) or not isinstance(num_vws, int) or num_vws < 1:
-        raise ValueError(f"The number of virtual workers must be an int >= 1. Received: "
-                         f"num_vws={num_vws!r}.")
-    return 1.0 / num_vws
+    return 1.0 / check_int("num_vws", num_vws, minimum=1,
+                           hint="the number of virtual workers is at least 1")
 
 
 def scale_learning_rate(optimizer, scale: float) -> None:

@@ -1,13 +1,11 @@
 """Building the executor that trains one model, and what the strategy keeps for it.
 
-At a model's first traced train step the strategy plans it (when no plan was given) and
-builds its executor here: an `InGraphRuntime` (one stage at N_m = 1, ops of Keras' own step),
-a `PipelineRuntime` (one pipelined virtual worker) or a `Coordinator` of several virtual
-workers through the parameter servers (hetpipe_tf/strategy/virtual_workers.py). Per model
-the strategy keeps a `Training`: the executor and what it was built from. A new `compile()`
-(optimizer, loss, metrics, trainable flags) rebuilds it at the next fit, carrying the
-weights. The model's `get_metrics_result` is replaced by one that drains first, so epoch-end
-logs, validation and callbacks see every minibatch.
+At a model's first traced train step the strategy makes its layout (strategy/layout.py:
+the plans given, or made now) and builds its executor here, by the training mode that
+applies (strategy/modes.py: one VW, a synchronous schedule, several VWs under WSP, HetSeq).
+Per model the strategy keeps a `Training`: the executor and what it was built from. A new
+`compile()` (optimizer, loss, metrics, trainable flags) rebuilds it at the next fit on the
+same layout, carrying the weights.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-import threading
 from typing import Any, Callable
 
 import keras
@@ -24,35 +21,32 @@ import tensorflow as tf
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.cluster.roles import connected_to_cluster
 from hetpipe_tf.partitioner.input_shapes import input_shapes_set, set_input_shapes
-from hetpipe_tf.partitioner.plan import Plan
-from hetpipe_tf.pipeline.in_graph import InGraphRuntime, runs_in_graph
+from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.program import Program
-from hetpipe_tf.pipeline.runtime import PipelineRuntime
-from hetpipe_tf.pipeline.stage import Stage
-from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.ps.faults import shapes_first
 from hetpipe_tf.strategy import schedules as sync_schedules
 from hetpipe_tf.strategy import training_state
-from hetpipe_tf.strategy.hetseq import (build_hetseq, split_shares, splits_batches,
-                                        synchronous_hetseq, whole_batch_note)
 from hetpipe_tf.strategy.compensation import (log_choice, optimizer_adjustment,
                                                predictor_factory)
-from hetpipe_tf.strategy.remote_guard import GuardedPipelineRuntime, guard_for
+from hetpipe_tf.strategy.layout import Layout, layout_for
+from hetpipe_tf.strategy.modes import Job, TrainingMode, mode_for
 from hetpipe_tf.strategy.validation import (check_batch, check_inter_op_threads, check_model,
-                                            check_n_m, check_plan, check_plans)
+                                            check_plan)
 
 logger = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Training:
     """What the strategy keeps for one model: its executor and what it was built from."""
 
-    executor: Any    # PipelineRuntime / InGraphRuntime (one VW), Coordinator (several)
+    executor: Any    # one of the executors of strategy/modes.py
     program: Program
     compiled: tuple          # (optimizer, loss, metrics, trainable variables) at build
     batch_size: int
     metrics_result: Callable  # the model class's own get_metrics_result, bound
+    layout: Layout           # the model's VWs (kept across a re-compile's rebuild)
+    mode: TrainingMode
 
 
 def compiled_state(model) -> tuple:
@@ -118,37 +112,26 @@ def fix_open_inputs(model, data, frame) -> None:
     set_input_shapes(model, shapes)
 
 
-def build_training(extended, model, data) -> Training:
-    """Plan (at the first fit) and build `model`'s executor for the batch `data`: an
-    `InGraphRuntime` or `PipelineRuntime` for one virtual worker, a `Coordinator` for several;
-    installs the draining `get_metrics_result` on the model."""
-    strategy = extended._container_strategy()
+def build_training(options, model, data, *, strategy, layout: Layout | None,
+                   place_locally: Callable, guard_model: Callable) -> Training:
+    """Build `model`'s executor for the batch `data` under `options` (`StrategyOptions`):
+    on `layout`, or (None: the model's first fit) on the layout made now; the training mode
+    that applies builds it (strategy/modes.py). `place_locally` and `guard_model` are the
+    strategy's (variables in the caller's device scope; the model's wrappers)."""
     frame = sys._getframe(1)
     fix_open_inputs(model, data, frame)
     check_model(model, strategy)
     batch_size = check_batch(data, lambda: _keras_shim.fit_first_batch(frame, False)[0])
-    hetseq = synchronous_hetseq(extended)   # shares, no plans
-    if not extended.plans and not hetseq:
-        with tf.init_scope():  # we are inside Keras' train-function trace: plan eagerly
-            if extended._plan_fn is not None:
-                got = extended._plan_fn(model)
-                extended.plans = (got,) if isinstance(got, Plan) else check_plans(got)
-            else:
-                extended.plans = extended._make_plans(model, batch_size)
-        if extended.n_m is None:
-            extended.n_m = min(p.n_m for p in extended.plans)
-        for p in extended.plans:
-            check_n_m(extended.n_m, extended.max_m, p)
-        if len(extended.plans) == 1:
-            extended.plan = extended.plans[0]
+    if layout is None:
+        layout = layout_for(options, model, batch_size)
     program = Program.from_model(model)
-    for p in extended.plans:
+    for p in layout.plans:
         check_plan(p, program, model, batch_size)
-    if sync_schedules.synchronous(extended):
-        sync_schedules.check_training(extended, model, batch_size)
+    if options.schedule.synchronous:
+        sync_schedules.check_training(options.schedule, model, batch_size)
     training_state.check_optimizer(model.optimizer,
-                                   max((p.num_stages for p in extended.plans), default=1))
-    extended.guard_model(model)   # before the build: its slots go to the host
+                                   max((p.num_stages for p in layout.plans), default=1))
+    guard_model(model)   # before the build: its slots go to the host
     with tf.init_scope():
         training_state.build_canonical(model)
     # The class's own method: an earlier build may have replaced the instance's.
@@ -190,77 +173,23 @@ def build_training(extended, model, data) -> Training:
     # must not hold tf.function's lock (ps/faults.py shapes_first); local tensors are ready.
     if connected_to_cluster():
         update_metrics = shapes_first(update_metrics)
-    vws = max(len(extended.plans), 1)
-    adjust = optimizer_adjustment(extended.compensation, extended.n_m, vws,
-                                  extended.clock_distance)
-    predictor = predictor_factory(extended.compensation, extended.n_m, vws)
-    log_choice(extended.compensation, extended.compensation_by_default,
-               extended.n_m, vws, extended.clock_distance, adjusted=adjust is not None)
-    if hetseq:
-        runtime = build_hetseq(extended, model, program, batch_size, update_metrics, strategy)
-    elif len(extended.plans) == 1:
-        stages = Stage.for_plan(extended.plans[0], program, model)
-        states = training_state.OptimizerStates(model, strategy, 1, adjust=adjust)
-        with tf.init_scope():
-            own = [s.trainable for s in stages]
-            optimizers = states.for_virtual_worker(own, own)
-        weights = WeightVersions([
-            StageWeights(s.device, s.trainable, s.versioned_nt, o, extended.n_m,
-                         counter=model.optimizer.iterations if s.index == 0 else None,
-                         emulated_speed_factor=s.emulated_speed_factor,
-                         predictor=predictor(s.device))
-            for s, o in zip(stages, optimizers)])
-        # Stages on remote tasks: a lost task ends the calls within fault_timeout_s
-        # (strategy/remote_guard.py); the in-graph runtime cannot be guarded.
-        guard = None if sync_schedules.synchronous(extended) else guard_for(extended)
-        if sync_schedules.synchronous(extended):   # GPipe / 1F1B (docs/schedules.md)
-            runtime = sync_schedules.build_runtime(
-                extended, stages, weights, update_metrics, extended.plans[0],
-                on_run_start=states.seed, on_run_end=states.merge)
-        elif guard is not None:
-            runtime = GuardedPipelineRuntime(stages, weights, extended.n_m, update_metrics,
-                                             plan=extended.plans[0], on_run_start=states.seed,
-                                             on_run_end=states.merge, guard=guard)
-        elif extended.in_graph and runs_in_graph(stages, extended.n_m):
-            runtime = InGraphRuntime(stages[0], weights, update_metrics,
-                                     model.optimizer.iterations, plan=extended.plans[0],
-                                     on_run_start=states.seed, on_run_end=states.merge)
-        else:
-            runtime = PipelineRuntime(stages, weights, extended.n_m, update_metrics,
-                                      plan=extended.plans[0], on_run_start=states.seed,
-                                      on_run_end=states.merge)
-    else:
-        from hetpipe_tf.strategy.virtual_workers import build_virtual_workers
-        split = (split_shares(extended, extended.plans, batch_size)
-                 if splits_batches(extended) else None)
-        note = None if split is not None else whole_batch_note(extended.plans, batch_size)
-        if note:   # which dispatch was chosen, and what the other predicts (docs/hetseq.md)
-            logger.info(note)
-        runtime = build_virtual_workers(
-            model, program, extended.plans, extended.n_m, extended.clock_distance, update_metrics,
-            split=split,
-            cluster=extended._cluster_or_none(), placement=extended.placement,
-            ps_hosts=extended.ps_hosts, place_locally=extended.place_locally,
-            make_runtime=sync_schedules.runtime_factory(extended, update_metrics),
-            fresh_pulls=extended.fresh_pulls, strategy=strategy, adjust=adjust,
-            predictor=predictor, faults=getattr(extended, "faults", None))
+    vws = max(len(layout.plans), 1)
+    compensation, d = options.compensation, options.wsp.clock_distance
+    adjust = optimizer_adjustment(compensation.value, layout.n_m, vws, d)
+    predictor = predictor_factory(compensation.value, layout.n_m, vws)
+    log_choice(compensation.value, compensation.by_default, layout.n_m, vws, d,
+               adjusted=adjust is not None)
+    mode = mode_for(options, layout)
+    runtime = mode.build(Job(model, program, batch_size, layout, update_metrics, strategy,
+                             place_locally, adjust=adjust, predictor=predictor))
     if not isinstance(runtime, InGraphRuntime):   # its threads wait on Keras' step
         try:
             check_inter_op_threads()
         except ValueError:
             runtime.close()
             raise
-    extended._runtime_threads.update(runtime.thread_ids)
-
-    def get_metrics_result():
-        # Keras reads the metrics at the end of every epoch (and of evaluate): drain so
-        # they, the validation that follows and epoch-end callbacks see every minibatch.
-        if tf.executing_eagerly() and threading.get_ident() not in extended._runtime_threads:
-            extended.drain()
-        return original()
-
-    object.__setattr__(model, "get_metrics_result", get_metrics_result)
-    for w, p in enumerate(extended.plans):
-        logger.info("HetPipe virtual worker %d of %d for %s:\n%s", w, len(extended.plans),
+    for w, p in enumerate(layout.plans):
+        logger.info("HetPipe virtual worker %d of %d for %s:\n%s", w, len(layout.plans),
                     model.name, p.table())
-    return Training(runtime, program, compiled_state(model), batch_size, original)
+    return Training(runtime, program, compiled_state(model), batch_size, original, layout,
+                    mode)

@@ -5,116 +5,60 @@ extended's `_call_for_each_replica` sees the model's bound `train_step` and repl
 `tf.py_function` that hands the batch to the model's executor (returning at once unless N_m
 minibatches are in flight and one more waits) and returns the loss and compiled metrics as
 of the last completed minibatch; one stage at N_m = 1 instead puts the stage's own ops into
-the step (`InGraphRuntime`, no py_function). `test_step`/`predict_step` (evaluate, predict,
-validation) first drain the pipeline and then run on the live weights.
+the step (`InGraphRuntime`, no py_function; the step itself is `step.py`).
+`test_step`/`predict_step` (evaluate, predict, validation) first drain the pipeline and
+then run on the live weights.
 
 It also places the variables Keras creates in the scope (on their stage's device when a
 plan is given, the model optimizer's slots on the host), passes datasets through as they
 are (one virtual worker takes the user's batches), and acts as one replica for reductions
-and updates. Building a model's executor is `build.py`; the model's wrappers, `guards.py`.
+and updates. Every option is the frozen `options` (options.py); per model it keeps the
+`Training` that `build.py` made (its executor, its `Layout`). The model's wrappers are
+`guards.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import os
 import sys
 import threading
 import weakref
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
-from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.strategy.build import (Training, build_training, changed_without_compile,
                                        compiled_state, fix_open_inputs, same_compile)
-from hetpipe_tf.strategy.guards import guard_model
-from hetpipe_tf.strategy.validation import (check_batch_fits, check_n_m, check_plans,
-                                            check_same_batch)
+from hetpipe_tf.strategy.guards import guard_model, install_draining_metrics
+from hetpipe_tf.strategy.layout import Layout
+from hetpipe_tf.strategy.options import StrategyOptions
+from hetpipe_tf.strategy.plans import layer_devices
+from hetpipe_tf.strategy.step import (bound_step, from_keras_or_tf, identity_or_keep,
+                                      submitting_step)
+from hetpipe_tf.strategy.validation import check_same_batch
 
 
 class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
-    data_parallel = None   # a strategy.hetseq.DataParallel, set by HetPipeStrategy
-    shares = None          # HetSeq shares given by hand (tuple of ints) or None
-    compensation_by_default = False   # the user gave no compensation (set by the strategy)
+    """tf.distribute plumbing and per-model state; every option is `options`, frozen.
 
-    def __init__(self, container, cluster, plan, n_m, max_m, clock_distance=0,
-                 placement="default", ps_hosts=None, allocation=None,
-                 num_virtual_workers=None, fresh_pulls=True, in_graph=True,
-                 compensation="none"):
-        from hetpipe_tf.cluster.allocation import AllocationPolicy
-        from hetpipe_tf.strategy.compensation import Compensation
-        from hetpipe_tf.ps.placement import PlacementPolicy
+    Nothing writes an attribute of this object after its constructor: per-model state lives
+    in the dicts made here (a model's `Training`, its `Layout`, its trace)."""
 
+    def __init__(self, container, options: StrategyOptions, task=None):
         super().__init__(container)
-        self._cluster_arg = cluster
-        self._plan_fn = plan if callable(plan) else None
-        if plan is None or callable(plan):
-            self.plans: tuple = ()
-        else:
-            self.plans = (plan,) if isinstance(plan, Plan) else check_plans(plan)
-        # One plan: its variables are created on their stage devices. Several VWs: the
-        # model's variables stay on the host (each VW has copies).
-        self.plan = self.plans[0] if len(self.plans) == 1 else None
-        self.n_m = n_m if n_m is not None else (self.plans[0].n_m if self.plans else None)
-        # Checked here, not first at the fit that plans: bad input fails before any work.
-        for field, value in (("max_m", max_m), ("num_virtual_workers", num_virtual_workers)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError(f"{field} must be an int >= 1 or None. Received: "
-                                 f"{field}={value!r}; pass a positive int, or None for the "
-                                 "default.")
-        self.max_m = max_m
-        if (not self.plans and self._plan_fn is None and cluster is None
-                and not os.environ.get("TF_CONFIG")):
-            raise ValueError(
-                "HetPipeStrategy needs the virtual worker's devices. Received: cluster=None, "
-                "plan=None and no TF_CONFIG; pass a cluster (hetpipe_tf.cluster) or a plan.")
-        if self.n_m is not None:
-            for p in self.plans or (None,):
-                check_n_m(self.n_m, max_m, p)
-        if (isinstance(clock_distance, bool) or not isinstance(clock_distance, int)
-                or clock_distance < 0):
-            raise ValueError("clock_distance (WSP's D) must be an int >= 0. Received: "
-                             f"clock_distance={clock_distance!r}; use 0 for BSP-like waves.")
-        self.clock_distance = clock_distance
-        self.placement = PlacementPolicy.parse(placement)
-        self.ps_hosts = None if ps_hosts is None else tuple(ps_hosts)
-        self.allocation = None if allocation is None else AllocationPolicy.parse(allocation)
-        self.num_virtual_workers = num_virtual_workers
-        if not isinstance(fresh_pulls, bool):
-            raise ValueError("fresh_pulls must be True or False. Received: "
-                             f"fresh_pulls={fresh_pulls!r}.")
-        self.fresh_pulls = fresh_pulls
-        if not isinstance(in_graph, bool):
-            raise ValueError(f"in_graph must be True or False. Received: in_graph={in_graph!r}.")
-        self.in_graph = in_graph
-        # None: the strategy's default, resolved by HetPipeStrategy once the data-parallel
-        # mode is known (BOTH, or NONE in HetSeq mode).
-        self.compensation = Compensation.parse(
-            "none" if compensation is None else compensation)
-        if self.allocation is not None and (self.plans or self._plan_fn is not None):
-            raise ValueError(
-                "allocation forms virtual workers for the planner; it cannot be combined with "
-                f"a plan. Received: allocation={self.allocation.name} and a plan; pass one "
-                "plan per virtual worker, or no plan.")
-        self._device_of_layer: dict[str, str] = {}
-        if self.plan is not None:
-            for s in self.plan.stages:
-                for name in s.layer_names:
-                    # A nested model's layer "backbone/block/dense" builds its variables
-                    # under a name scope ending in "dense" (or "block/dense"): any suffix.
-                    parts = name.split("@")[0].split("/")
-                    for i in range(len(parts)):
-                        self._device_of_layer.setdefault("/".join(parts[i:]), s.tf_device)
-        self._last_stage_device = (self.plan.stages[-1].tf_device if self.plan is not None
-                                   else None)
+        self.options = options
+        self.task = task   # this process's cluster task (roles.dispatch; None: local job)
+        plan = options.layout.plan
+        # One plan given: the model's variables are created on their stage devices.
+        # Otherwise they stay on the host (several VWs each have copies).
+        self._device_of_layer: dict[str, str] = {} if plan is None else layer_devices(plan)
+        self._last_stage_device = None if plan is None else plan.stages[-1].tf_device
         self.pipelines: dict[int, Training] = {}
+        # Per model: its layout, made at its first fit and kept across re-compiles.
+        self._layouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._traced: dict[int, InGraphRuntime | None] = {}   # per model, at its last trace
         # Per model: is its Keras train function being called after its first call (so a
         # trace now is a retrace, which tf.function lets create no variables)?
@@ -212,8 +156,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
     # --- the step ---------------------------------------------------------------------------
     def _call_for_each_replica(self, fn, args, kwargs):
-        model, name = _bound_step(fn)
-        if model is None and not _from_keras_or_tf(fn):
+        model, name = bound_step(fn)
+        if model is None and not from_keras_or_tf(fn):
             # A custom training loop: the pipeline (stages, weight versions, the parameter
             # servers) is built from a Keras model's own step, which this function is not.
             raise NotImplementedError(
@@ -229,7 +173,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         ctx = tf.distribute.ReplicaContext(self._container_strategy(), 0)
         drained = tf.py_function(self._drain_for_step, [], Tout=tf.bool)
         with tf.control_dependencies([drained]), ctx:
-            args = tf.nest.map_structure(_identity_or_keep, args)
+            args = tf.nest.map_structure(identity_or_keep, args)
             return fn(*args, **kwargs)
 
     def _drain_for_step(self):
@@ -247,42 +191,8 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         if isinstance(runtime, InGraphRuntime):   # no py_function: ops of Keras' step
             x, y, sw = keras.utils.unpack_x_y_sample_weight(data)
             return runtime.step(training.program.model_inputs(x), y, sw)
-        flat = tf.nest.flatten(data)
-        present = [i for i, t in enumerate(flat) if t is not None]
-        structure = data
-        spec = training.metrics_result()  # traced only for the logs' names, dtypes, shapes
-        keys = list(spec.keys())
-        dtypes = [tf.as_dtype(spec[k].dtype) for k in keys]
-        shapes = [spec[k].shape for k in keys]
-        np_dtypes = [d.as_numpy_dtype for d in dtypes]
-        program = training.program
-        # An open batch dimension (an epoch's remainder, generators): each batch is checked
-        # against the planned size when it arrives; smaller ones run as they are.
-        open_batch = any(flat[i].shape.rank and flat[i].shape[0] is None for i in present)
-
-        def submit(*tensors):
-            full = [None] * len(flat)
-            for i, t in zip(present, tensors):
-                full[i] = t
-            if open_batch and tensors and tensors[0].shape.rank:
-                try:
-                    check_batch_fits(int(tensors[0].shape[0]), training.batch_size)
-                except ValueError as e:   # re-raised as itself by the guarded fit
-                    self.refused[id(model)] = e
-                    raise
-            batch = tf.nest.pack_sequence_as(structure, full)
-            x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-            runtime.submit(program.model_inputs(x), y, sw)
-            logs = runtime.logs
-            if logs is None:
-                return [tf.zeros(s, d) for s, d in zip(shapes, dtypes)]
-            # Host values (`_set_logs`): handed back as NumPy, no eager cast op per metric.
-            return [np.asarray(logs[k], d) for k, d in zip(keys, np_dtypes)]
-
-        out = tf.py_function(submit, [flat[i] for i in present], Tout=dtypes)
-        for t, s in zip(out, shapes):
-            t.set_shape(s)
-        return dict(zip(keys, out))
+        return submitting_step(runtime, training, data,
+                               refuse=lambda e: self.refused.__setitem__(id(model), e))
 
     def _runtime_for(self, model, data):
         with self._lock:
@@ -294,7 +204,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 # trainable flags. The old runtime is drained, so the model holds its state.
                 with tf.init_scope():
                     t.executor.close()
-                self._runtime_threads -= t.executor.thread_ids   # idents may be reused
+                self._runtime_threads.difference_update(t.executor.thread_ids)   # reusable idents
                 del self.pipelines[id(model)]
                 t = None
             if t is not None:
@@ -306,10 +216,45 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             self._traced.pop(id(model), None)
             t = self._build_runtime(model, data)
             self.pipelines[id(model)] = t
+            self._layouts[model] = t.layout
+            self._runtime_threads.update(t.executor.thread_ids)
+            install_draining_metrics(self, model, t.metrics_result)
             return t.executor
 
     def _build_runtime(self, model, data) -> Training:
-        return build_training(self, model, data)
+        return build_training(self.options, model, data,
+                              strategy=self._container_strategy(),
+                              layout=self._layouts.get(model),
+                              place_locally=self.place_locally, guard_model=self.guard_model)
+
+    # --- read-only views of the options and the layouts made -----------------------------
+    def layout(self) -> Layout | None:
+        """The layout of the model built last (None before a first fit)."""
+        layouts = list(self._layouts.values())
+        return layouts[-1] if layouts else None
+
+    @property
+    def plans(self) -> tuple:
+        """The plans given, else those made at the last model's first fit (else ())."""
+        made = self.layout()
+        return self.options.layout.plans or (made.plans if made is not None else ())
+
+    @property
+    def plan(self):
+        return self.plans[0] if len(self.plans) == 1 else None
+
+    @property
+    def n_m(self) -> int | None:
+        made = self.layout()
+        return made.n_m if made is not None else self.options.pipeline.n_m
+
+    @property
+    def compensation(self):
+        return self.options.compensation.value
+
+    @property
+    def clock_distance(self) -> int:
+        return self.options.wsp.clock_distance
 
     # --- the model's own calls: abort on failure, drain before reading state -------------
     def guard_model(self, model) -> None:
@@ -326,26 +271,6 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         with tf.init_scope():
             t.executor.abort()
         return error
-
-    def _cluster_or_none(self):
-        if self._cluster_arg is None and not os.environ.get("TF_CONFIG"):
-            return None
-        from hetpipe_tf.strategy.planning import resolve_cluster
-        return resolve_cluster(self._cluster_arg)
-
-    def _make_plans(self, model, batch_size) -> tuple:
-        from hetpipe_tf.strategy.planning import plan_virtual_workers, plan_with_partitioner
-        if self.data_parallel is not None and self.data_parallel.value == "hetseq":
-            from hetpipe_tf.strategy.hetseq import one_device_plans   # D > 0 (docs/hetseq.md)
-            return one_device_plans(model, batch_size, self._cluster_arg)
-        if self.allocation is None:
-            from hetpipe_tf.strategy.schedules import sync_memory
-            return plan_with_partitioner(model, batch_size, self._cluster_arg, self.n_m,
-                                         self.max_m, sync=sync_memory(self),
-                                         compensation=self.compensation)
-        return plan_virtual_workers(model, batch_size, self._cluster_arg, self.allocation,
-                                    self.num_virtual_workers, self.n_m, self.max_m,
-                                    compensation=self.compensation)
 
     def drain(self) -> None:
         if threading.get_ident() in self._runtime_threads:
@@ -449,28 +374,3 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
     def _get_local_replica_id(self, replica_id_in_sync_group):
         return replica_id_in_sync_group
-
-
-def _identity_or_keep(t):
-    return tf.identity(t) if isinstance(t, tf.Tensor) else t
-
-
-def _from_keras_or_tf(fn) -> bool:
-    """Whether `fn` is Keras' or TensorFlow's own (Keras' predict runs a closure of its own
-    around predict_step), not a user's step function."""
-    module = getattr(inspect.unwrap(fn), "__module__", None) or ""
-    return module.split(".")[0] in ("keras", "tensorflow", "tf_keras")
-
-
-def _bound_step(fn):
-    """(model, method name) when fn is a Keras model's bound step method, else (None, None)."""
-    f = fn
-    for _ in range(5):
-        self_ = getattr(f, "__self__", None)
-        if isinstance(self_, keras.Model):
-            return self_, getattr(f, "__name__", None)
-        nxt = getattr(f, "__wrapped__", None)
-        if nxt is None:
-            break
-        f = nxt
-    return None, None

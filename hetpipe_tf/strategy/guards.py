@@ -7,7 +7,8 @@ error is re-raised as itself; a fit after `strategy.close()` is refused by name.
 builds the optimizer first, so the model and its optimizer hold the whole training state
 when read or written (docs/state.md). `make_train_function`: each Keras train function binds
 to the runtime its trace built, so an in-graph runtime opens its run before a call and
-records the call after it.
+records the call after it. `get_metrics_result` (installed at each build) drains first, so
+epoch-end logs, validation and callbacks see every minibatch.
 """
 
 from __future__ import annotations
@@ -156,3 +157,15 @@ def guard_model(extended, model) -> None:
                        functools.wraps(model.load_weights)(load_weights))
     object.__setattr__(model, "_hetpipe_guarded", True)
     extended._guarded.add(model)
+
+
+def install_draining_metrics(extended, model, original) -> None:
+    """Replace the model's `get_metrics_result` (the class's own, bound: `original`) by one
+    that drains first: Keras reads the metrics at the end of every epoch (and of evaluate),
+    so they, the validation that follows and epoch-end callbacks see every minibatch."""
+    def get_metrics_result():
+        if tf.executing_eagerly() and threading.get_ident() not in extended._runtime_threads:
+            extended.drain()
+        return original()
+
+    object.__setattr__(model, "get_metrics_result", get_metrics_result)

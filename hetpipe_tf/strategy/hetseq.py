@@ -33,12 +33,14 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
+from hetpipe_tf._args import parse_enum
 from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.partitioner.shares import (Shares, choose_shares, given_shares,
                                            speeds_from_profile, uniform_speeds)
 from hetpipe_tf.ps.hetseq import HetSeqExecutor, ShareStage
 from hetpipe_tf.pipeline.weights import StageWeights
 from hetpipe_tf.strategy import training_state
+from hetpipe_tf.strategy.compensation import Compensation
 
 logger = logging.getLogger(__name__)
 
@@ -54,19 +56,12 @@ class DataParallel(enum.Enum):
 
     @classmethod
     def parse(cls, value: "DataParallel | str") -> "DataParallel":
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            for m in cls:
-                if value.lower() == m.value:
-                    return m
-        raise ValueError(f"Unknown data_parallel mode. Received: data_parallel={value!r}; use "
-                         f"one of {[m.value for m in cls]} or a DataParallel.")
+        return parse_enum(cls, value, arg="data_parallel", what="data_parallel mode")
 
 
 def check_arguments(mode: DataParallel, shares: Any, *, plans: tuple, plan_fn: Any,
                     allocation: Any, clock_distance: int, n_m: int | None,
-                    has_cluster: bool) -> tuple[int, ...] | None:
+                    has_cluster: bool, compensation: Any = None) -> tuple[int, ...] | None:
     """The strategy's HetSeq arguments, refused before training (module docstring).
     Returns the hand-given shares as a tuple of ints, or None."""
     if mode is DataParallel.WSP:
@@ -89,6 +84,13 @@ def check_arguments(mode: DataParallel, shares: Any, *, plans: tuple, plan_fn: A
     if not has_cluster:
         raise ValueError("HetSeq mode needs the cluster's devices. Received: cluster=None and "
                          "no TF_CONFIG; pass a hetpipe_tf Cluster (e.g. Cluster.local).")
+    if compensation is not None and compensation != Compensation.NONE:
+        raise ValueError(
+            "HetSeq mode takes no staleness compensation (its steps are synchronous; with "
+            "clock_distance > 0 its one-device VWs run at N_m = 1 under WSP's bound). "
+            "Received: data_parallel='hetseq' with "
+            f"compensation={getattr(compensation, 'value', compensation)!r}; drop "
+            "compensation.")
     return None if shares is None else _int_shares(shares)
 
 
@@ -101,25 +103,6 @@ def _int_shares(shares: Any) -> tuple[int, ...]:
             raise ValueError(f"Every share must be an int >= 1. Received: shares="
                              f"{list(shares)!r}; give every device at least one sample.")
     return tuple(int(n) for n in shares)
-
-
-def check_layout_options(extended) -> None:
-    """Options of the pipelined layouts that mean nothing here, refused by name (their
-    values are set on the strategy after `check_arguments` ran)."""
-    schedule = getattr(extended, "schedule", None)
-    if schedule is not None and getattr(schedule, "synchronous", False):
-        raise ValueError(
-            "HetSeq mode has no pipeline to schedule: every device runs the whole model on "
-            f"its share. Received: data_parallel='hetseq' with schedule={schedule}; drop "
-            "schedule (a HetSeq step is already one step on the whole batch).")
-    compensation = getattr(extended, "compensation", None)
-    if compensation is not None and getattr(compensation, "value", "none") != "none":
-        raise ValueError(
-            "HetSeq mode takes no staleness compensation (its steps are synchronous; with "
-            "clock_distance > 0 its one-device VWs run at N_m = 1 under WSP's bound). "
-            "Received: "
-            f"data_parallel='hetseq' with compensation={compensation.value!r}; drop "
-            "compensation.")
 
 
 def check_loss_reduction(model) -> None:
@@ -166,15 +149,15 @@ def plan_shares(model, cluster, batch_size: int, given: tuple[int, ...] | None) 
     return choose_shares(batch_size, speeds)
 
 
-def build_hetseq(extended, model, program, batch_size: int, update_metrics, strategy):
-    """The HetSeq executor of `model` over the cluster's devices (module docstring)."""
+def build_hetseq(options, model, program, batch_size: int, update_metrics, strategy):
+    """The HetSeq executor of `model` over the cluster's devices (module docstring);
+    `options`: the strategy's `StrategyOptions`."""
     from hetpipe_tf.strategy.planning import resolve_cluster
 
-    check_layout_options(extended)
     check_loss_reduction(model)
-    cluster = resolve_cluster(extended._cluster_arg)
+    cluster = resolve_cluster(options.layout.cluster)
     with tf.init_scope():
-        shares = plan_shares(model, cluster, batch_size, extended.shares)
+        shares = plan_shares(model, cluster, batch_size, options.data_parallel.shares)
     print(f"HetSeq for {model.name}: {shares.table()}")   # the shares chosen and why
     stages = [ShareStage(program, d.tf_device, d.emulated_speed_factor, model)
               for d in cluster.devices]
@@ -190,19 +173,6 @@ def build_hetseq(extended, model, program, batch_size: int, update_metrics, stra
 
 
 # --- split batches over virtual workers under WSP (ps/split.py) ---------------------------
-def splits_batches(extended) -> bool:
-    """Whether the VWs' coordinator splits every batch: data_parallel="wsp_split", or
-    "hetseq" with clock_distance > 0 (one-device VWs under WSP)."""
-    mode = extended.data_parallel
-    return mode is DataParallel.WSP_SPLIT or (
-        mode is DataParallel.HETSEQ and extended.clock_distance > 0)
-
-
-def synchronous_hetseq(extended) -> bool:
-    """HetSeq's own executor: data_parallel="hetseq" with clock_distance 0."""
-    return extended.data_parallel is DataParallel.HETSEQ and extended.clock_distance == 0
-
-
 def one_device_plans(model, batch_size: int, cluster_arg) -> tuple:
     """HetSeq with D > 0: one virtual worker of one stage per device of the cluster, N_m = 1
     (each holds the whole model; its plan's time is the device's speed)."""
@@ -212,20 +182,19 @@ def one_device_plans(model, batch_size: int, cluster_arg) -> tuple:
     return plan_devices(model, batch_size, cl, [(d,) for d in cl.devices], 1, None)
 
 
-def split_shares(extended, plans: Sequence[Any], batch_size: int) -> Shares:
+def split_shares(options, plans: Sequence[Any], batch_size: int) -> Shares:
     """The VWs' shares of `batch_size` from their plans' throughput (or `shares` given by
     hand, one per VW), printed with the VWs; refused before training when they cannot be
     used."""
     from hetpipe_tf.partitioner.shares import speeds_from_plans
     from hetpipe_tf.ps.split import split_description
-    from hetpipe_tf.strategy import schedules
 
-    if schedules.synchronous(extended):
+    if options.schedule.synchronous:
         raise ValueError(
             "Split batches run each VW's share as one asynchronous minibatch. Received: "
-            f"data_parallel={extended.data_parallel.value!r} with a synchronous schedule; "
-            "drop schedule, or use data_parallel='wsp'.")
-    given = extended.shares
+            f"data_parallel={options.data_parallel.mode.value!r} with a synchronous "
+            "schedule; drop schedule, or use data_parallel='wsp'.")
+    given = options.data_parallel.shares
     if given is not None and len(given) != len(plans):
         raise ValueError(f"Split batches need one share per virtual worker. Received: "
                          f"shares={list(given)} for {len(plans)} VWs; give {len(plans)}.")

@@ -45,6 +45,26 @@ def resolve_cluster(cluster: Any):
         "TF_CONFIG with a 'hetpipe' devices section.")
 
 
+def plan_layout(options, model, batch_size: int) -> tuple:
+    """The plans of `model` under `options` (`StrategyOptions`) when none were given: one
+    device per VW in HetSeq mode with D > 0, else the partitioner's (with the allocation's
+    VWs when one is given)."""
+    from hetpipe_tf.strategy.hetseq import DataParallel, one_device_plans
+    from hetpipe_tf.strategy.schedules import sync_memory
+
+    layout, pipeline = options.layout, options.pipeline
+    compensation = options.compensation.value
+    if options.data_parallel.mode is DataParallel.HETSEQ:   # D > 0 (docs/hetseq.md)
+        return one_device_plans(model, batch_size, layout.cluster)
+    if layout.allocation is None:
+        return plan_with_partitioner(model, batch_size, layout.cluster, pipeline.n_m,
+                                     pipeline.max_m, sync=sync_memory(options.schedule),
+                                     compensation=compensation)
+    return plan_virtual_workers(model, batch_size, layout.cluster, layout.allocation,
+                                layout.num_virtual_workers, pipeline.n_m, pipeline.max_m,
+                                compensation=compensation)
+
+
 def max_stages(model) -> int:
     """How many stages `model` can be cut into: one per layer-graph node, less the cuts
     between two calls of a shared layer."""

@@ -94,3 +94,16 @@ def _nearest_allowed(ends: Sequence[int], allowed: Sequence[int]) -> list[int]:
         out.append(allowed[pos])
         lo = pos + 1
     return out
+
+
+def layer_devices(plan: Plan) -> dict[str, str]:
+    """Layer scope -> TF device of its stage in `plan`, under every suffix of the layer's
+    path: a nested model's layer "backbone/block/dense" builds its variables under a name
+    scope ending in "dense" (or "block/dense")."""
+    out: dict[str, str] = {}
+    for s in plan.stages:
+        for name in s.layer_names:
+            parts = name.split("@")[0].split("/")
+            for i in range(len(parts)):
+                out.setdefault("/".join(parts[i:]), s.tf_device)
+    return out

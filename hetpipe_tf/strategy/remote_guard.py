@@ -12,25 +12,25 @@ model's guarded `fit` raises it. An abort or close after a lost task does not wa
 remote work: the run is left without `on_run_end` (which reads the optimizer state on
 the stages' devices) and threads stuck in remote ops stay behind as daemons.
 
-`guard_for(extended)` is the guard of a one-VW job whose stages are on remote tasks with
-known addresses, else None. The in-graph runtime runs its stage inside Keras' train
-function on the caller's thread, which no guard can unblock: a one-VW job on remote tasks
-runs on this threaded runtime instead (strategy/build.py).
+`guard_for(faults, plans, cluster)` is the guard of a one-VW job whose stages are on
+remote tasks with known addresses, else None. The in-graph runtime runs its stage inside
+Keras' train function on the caller's thread, which no guard can unblock: a one-VW job on
+remote tasks runs on this threaded runtime instead (strategy/modes.py).
 """
 
 from __future__ import annotations
 
 from hetpipe_tf.pipeline.executor import STOP
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
-from hetpipe_tf.ps.faults import FaultGuard, fault_guard
+from hetpipe_tf.ps.faults import FaultGuard, FaultOptions, fault_guard
 
 
-def guard_for(extended) -> FaultGuard | None:
-    """The guard of `extended`'s single VW when its stages run on remote tasks."""
-    options = getattr(extended, "faults", None)
-    if options is None or len(extended.plans) != 1:
+def guard_for(faults: FaultOptions | None, plans: tuple, cluster) -> FaultGuard | None:
+    """The guard of a single VW (`plans`, one) when its stages run on remote tasks of
+    `cluster` (a hetpipe_tf Cluster, or None for a local job)."""
+    if faults is None or len(plans) != 1:
         return None
-    return fault_guard(options, extended.plans, (), extended._cluster_or_none())
+    return fault_guard(faults, plans, (), cluster)
 
 
 class GuardedPipelineRuntime(PipelineRuntime):

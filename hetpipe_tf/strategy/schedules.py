@@ -1,6 +1,7 @@
 """The strategy's side of synchronous schedules (GPipe, 1F1B; docs/schedules.md): the
 arguments `schedule=`, `micro_batches=`, `rematerialize=` checked when the strategy is
-made, the model and batch checked when training starts, and the executor built.
+made (into its `ScheduleOptions`), the model and batch checked when training starts, and
+the executor built.
 
 With a synchronous schedule each minibatch is one update on every stage (N_m = 1: an
 `n_m` given with it is refused); `SyncPipelineRuntime` runs one virtual worker, and with
@@ -10,40 +11,17 @@ wave is one minibatch).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import keras
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.pipeline.sync_runtime import SyncPipelineRuntime
 
 # Loss reductions whose minibatch value is the row-weighted mean of its micro-batches'
 # values (so scaling each micro-batch's loss by its rows / the minibatch's rows is exact).
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
-
-
-def arguments_checked_first(init):
-    """Decorates HetPipeStrategy.__init__: the schedule's arguments are checked before any
-    other (so `n_m` with a synchronous schedule is refused as such, not by N_m's checks)."""
-    @functools.wraps(init)
-    def checked(self, *args, **kwargs):
-        check_arguments(kwargs.get("schedule", Schedule.HETPIPE), kwargs.get("micro_batches"),
-                        kwargs.get("rematerialize", False), kwargs.get("n_m"),
-                        kwargs.get("data_parallel"))
-        return init(self, *args, **kwargs)
-    return checked
-
-
-def configure(extended, schedule: Any, micro_batches: Any, rematerialize: Any,
-              n_m: Any) -> None:
-    """Check the arguments and keep them on `extended` (N_m = 1 when synchronous)."""
-    schedule = check_arguments(schedule, micro_batches, rematerialize, n_m)
-    if schedule.synchronous:
-        extended.n_m = 1
-    extended.schedule = schedule
-    extended.micro_batches = micro_batches
-    extended.rematerialize = rematerialize
 
 
 def check_arguments(schedule: Any, micro_batches: Any, rematerialize: Any,
@@ -68,12 +46,9 @@ def check_arguments(schedule: Any, micro_batches: Any, rematerialize: Any,
                 f"rematerialize={rematerialize}; pass schedule=Schedule.GPIPE or "
                 "Schedule.ONE_F_ONE_B, or drop them (HetPipe's pipeline uses n_m).")
     else:
-        if (isinstance(micro_batches, bool) or not isinstance(micro_batches, int)
-                or micro_batches < 1):
-            raise ValueError(
-                f"A synchronous schedule needs micro_batches=M, an int >= 1. Received: "
-                f"schedule={schedule}, micro_batches={micro_batches!r}; pass a divisor of "
-                "the batch size (GPipe's bubble (K-1)/(M+K-1) is small for M >= 4 x stages).")
+        check_int("micro_batches", micro_batches, minimum=1, hint=(
+            f"a synchronous schedule ({schedule}) needs M micro-batches; pass a divisor of "
+            "the batch size (GPipe's bubble (K-1)/(M+K-1) is small for M >= 4 x stages)"))
         if n_m is not None:
             raise ValueError(
                 "n_m (minibatches in flight) is HetPipe's; a synchronous schedule applies "
@@ -90,9 +65,10 @@ def _losses(loss) -> list:
     return [loss]
 
 
-def check_training(extended, model, batch_size: int) -> None:
-    """Refuse, before the first step, what a synchronous schedule cannot run exactly."""
-    m = extended.micro_batches
+def check_training(options, model, batch_size: int) -> None:
+    """Refuse, before the first step, what a synchronous schedule cannot run exactly;
+    `options`: the strategy's `ScheduleOptions`."""
+    m = options.micro_batches
     if m > batch_size:
         raise ValueError(
             f"More micro-batches than rows in a minibatch. Received: micro_batches={m}, "
@@ -114,32 +90,28 @@ def check_training(extended, model, batch_size: int) -> None:
                     "reduction='sum_over_batch_size' (Keras' default), or micro_batches=1.")
 
 
-def build_runtime(extended, stages, weights, update_metrics: Callable, plan, **kwargs
+def build_runtime(options, stages, weights, update_metrics: Callable, plan, **kwargs
                   ) -> SyncPipelineRuntime:
-    """The executor of one virtual worker under `extended.schedule`."""
-    return SyncPipelineRuntime(stages, weights, extended.schedule, extended.micro_batches,
-                               update_metrics, rematerialize=extended.rematerialize,
+    """The executor of one virtual worker under `options` (`ScheduleOptions`)."""
+    return SyncPipelineRuntime(stages, weights, options.schedule, options.micro_batches,
+                               update_metrics, rematerialize=options.rematerialize,
                                plan=plan, **kwargs)
 
 
-def synchronous(extended) -> bool:
-    """Whether `extended` trains with a synchronous schedule."""
-    return getattr(extended, "schedule", Schedule.HETPIPE).synchronous
-
-
-def runtime_factory(extended, update_metrics: Callable):
+def runtime_factory(options, update_metrics: Callable):
     """For `build_virtual_workers`: None (HetPipe's PipelineRuntime), or a maker of one
     VW's synchronous executor."""
-    if not synchronous(extended):
+    if not options.synchronous:
         return None
-    return lambda stages, weights, plan, **kw: build_runtime(extended, stages, weights,
+    return lambda stages, weights, plan, **kw: build_runtime(options, stages, weights,
                                                              update_metrics, plan, **kw)
 
 
-def sync_memory(extended):
-    """The planner's memory model of `extended`'s synchronous schedule (None: HetPipe's)."""
-    if not synchronous(extended):
+def sync_memory(options):
+    """The planner's memory model of a synchronous schedule (`ScheduleOptions`; None:
+    HetPipe's)."""
+    if not options.synchronous:
         return None
     from hetpipe_tf.partitioner.cost import SyncMemory
-    return SyncMemory(extended.micro_batches, schedule=extended.schedule,
-                      rematerialize=extended.rematerialize)
+    return SyncMemory(options.micro_batches, schedule=options.schedule,
+                      rematerialize=options.rematerialize)

@@ -2,9 +2,10 @@
 virtual workers (paper Sections 3-4), several of them doing data parallelism through
 parameter servers under Wave Synchronous Parallel (Section 5).
 
-This module holds the public class and its arguments; the tf.distribute plumbing is
-`extended.py`, building a model's executor `build.py`, the wrappers installed on the Keras
-model `guards.py`. See docs/strategy.md.
+This module holds the public class and its arguments, parsed once into `options.py`'s
+frozen `StrategyOptions`; the tf.distribute plumbing is `extended.py`, building a model's
+executor `build.py` (one class per training mode, `modes.py`), the wrappers installed on
+the Keras model `guards.py`. See docs/strategy.md.
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ import tensorflow as tf
 
 from hetpipe_tf.cluster import roles
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
-from hetpipe_tf.ps.faults import FaultOptions, FaultPolicy
+from hetpipe_tf.ps.faults import DEFAULT_TIMEOUT_S, FaultOptions, FaultPolicy
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.pipeline.sync_runtime import SyncPipelineRuntime
 from hetpipe_tf.core.sync_schedule import Schedule
-from hetpipe_tf.strategy import schedules as sync_schedules
 from hetpipe_tf.strategy.compensation import Compensation
 from hetpipe_tf.strategy.extended import HetPipeExtended
 from hetpipe_tf.strategy.hetseq import DataParallel
-from hetpipe_tf.strategy.hetseq import check_arguments as check_hetseq_arguments
-from hetpipe_tf.strategy.hetseq import check_layout_options
+from hetpipe_tf.strategy.options import StrategyOptions
+from hetpipe_tf.strategy.schedules import check_arguments as check_schedule_arguments
 
 
 class HetPipeStrategy(tf.distribute.Strategy):
@@ -33,6 +33,9 @@ class HetPipeStrategy(tf.distribute.Strategy):
     One virtual worker (VW) by default: pipelined model parallelism over its devices. With
     several plans (or an `allocation`), several VWs do data parallelism through parameter
     servers under Wave Synchronous Parallel (paper Section 5; docs/wsp.md).
+
+    The arguments are checked and every default resolved once, when the strategy is made,
+    into the frozen `strategy.options` (hetpipe_tf/strategy/options.py).
 
     Args:
       cluster: the devices: a `hetpipe_tf.cluster` Cluster, a dict, a
@@ -100,7 +103,6 @@ class HetPipeStrategy(tf.distribute.Strategy):
         VW still raises), docs/cluster_jobs.md "Going on without a lost VW".
     """
 
-    @sync_schedules.arguments_checked_first
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
                  schedule: Schedule = Schedule.HETPIPE, micro_batches: int | None = None,
                  rematerialize: bool = False,
@@ -109,35 +111,28 @@ class HetPipeStrategy(tf.distribute.Strategy):
                  num_virtual_workers: int | None = None, fresh_pulls: bool = True,
                  in_graph: bool = True, compensation: Compensation | str | None = None,
                  data_parallel: DataParallel | str = DataParallel.WSP, shares=None,
-                 fault_timeout_s: float = 30.0, on_fault: FaultPolicy | str = FaultPolicy.STOP):
+                 fault_timeout_s: float = DEFAULT_TIMEOUT_S,
+                 on_fault: FaultPolicy | str = FaultPolicy.STOP):
+        # The schedule's arguments first: `n_m` with a synchronous schedule is refused as
+        # such, not by N_m's checks.
+        check_schedule_arguments(schedule, micro_batches, rematerialize, n_m, data_parallel)
         faults = FaultOptions.parse(fault_timeout_s, on_fault)
         # Cluster roles (docs/cluster_jobs.md): in a worker or ps process this serves and
         # never returns; in the chief it checks every task answers, then connects.
         task = roles.dispatch(cluster, faults.timeout_s)
-        extended = HetPipeExtended(self, cluster, plan, n_m, max_m, clock_distance,
-                                   placement, ps_hosts, allocation,
-                                   num_virtual_workers, fresh_pulls, in_graph,
-                                   compensation)
-        extended.data_parallel = DataParallel.parse(data_parallel)
-        if compensation is None:
-            # The default (docs/convergence.md "The defaults"): BOTH where staleness can
-            # exist; HetSeq's synchronous steps have none to compensate.
-            extended.compensation = (Compensation.NONE
-                                     if extended.data_parallel is DataParallel.HETSEQ
-                                     else Compensation.BOTH)
-        extended.compensation_by_default = compensation is None
-        extended.shares = check_hetseq_arguments(
-            extended.data_parallel, shares, plans=extended.plans, plan_fn=extended._plan_fn,
-            allocation=extended.allocation, clock_distance=clock_distance, n_m=n_m,
-            has_cluster=extended._cluster_or_none() is not None)
-        if extended.data_parallel is DataParallel.HETSEQ:
-            extended.n_m = 1   # one batch in flight (check_hetseq_arguments refused others)
-        extended.faults, extended.task = faults, task
-        super().__init__(extended)
-        sync_schedules.configure(self.extended, schedule, micro_batches, rematerialize,
-                                 n_m)
-        if extended.data_parallel is DataParallel.HETSEQ:
-            check_layout_options(extended)   # here, not first at the fit's build
+        options = StrategyOptions.parse(
+            cluster, plan=plan, n_m=n_m, schedule=schedule, micro_batches=micro_batches,
+            rematerialize=rematerialize, max_m=max_m, clock_distance=clock_distance,
+            placement=placement, ps_hosts=ps_hosts, allocation=allocation,
+            num_virtual_workers=num_virtual_workers, fresh_pulls=fresh_pulls,
+            in_graph=in_graph, compensation=compensation, data_parallel=data_parallel,
+            shares=shares, faults=faults)
+        super().__init__(HetPipeExtended(self, options, task))
+
+    @property
+    def options(self) -> StrategyOptions:
+        """Every argument, checked and resolved (hetpipe_tf/strategy/options.py)."""
+        return self.extended.options
 
     @property
     def plan(self):

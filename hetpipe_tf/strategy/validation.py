@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from hetpipe_tf import _keras_shim
+from hetpipe_tf._args import check_int
 from hetpipe_tf.pipeline.program import check_shared_layers_kept_together
 
 logger = logging.getLogger(__name__)
@@ -19,9 +20,8 @@ _OVERRIDES = ("train_step", "compute_loss")
 
 
 def check_n_m(n_m, max_m, plan) -> None:
-    if not isinstance(n_m, int) or isinstance(n_m, bool) or n_m < 1:
-        raise ValueError(f"N_m (minibatches in flight) must be a positive integer. Received: "
-                         f"n_m={n_m!r}; pass n_m >= 1.")
+    check_int("n_m", n_m, minimum=1, hint="N_m, the minibatches in flight, is a positive "
+                                           "integer")
     if max_m is not None and n_m > max_m:
         raise ValueError(
             f"N_m exceeds Max_m, the most minibatches the virtual worker's memory holds. "
@@ -297,8 +297,8 @@ def _given_cluster(model):
     names tasks, not devices, so it cannot say which devices a plan may use)."""
     from hetpipe_tf.cluster.spec import Cluster
 
-    extended = getattr(model.distribute_strategy, "extended", None)
-    given = getattr(extended, "_cluster_arg", None)
+    options = getattr(model.distribute_strategy, "options", None)
+    given = getattr(getattr(options, "layout", None), "cluster", None)
     if isinstance(given, Cluster):
         return given
     if isinstance(given, dict) and "hosts" in given:

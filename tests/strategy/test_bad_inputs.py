@@ -63,7 +63,7 @@ def test_counts_are_checked_when_the_strategy_is_made(field, value):
     """Not first at the fit that plans with them."""
     import hetpipe_tf as hp
 
-    with pytest.raises(ValueError, match=rf"{field} must be an int >= 1 or None\. "
+    with pytest.raises(ValueError, match=rf"{field} must be an integer >= 1\. "
                                          rf"Received: {field}={value!r}"):
         HetPipeStrategy(hp.Cluster.local(["LOCAL_CPU"] * 2), **{field: value})
 

@@ -52,7 +52,7 @@ def test_allocation_plans_use_the_default_n_m_of_one_virtual_worker():
         from hetpipe_tf.strategy.defaults import epoch_cost, n_m_for_time_to_accuracy
         times = [[s.time_s for s in p.stages] for p in strategy.plans]
         assert strategy.n_m == n_m_for_time_to_accuracy(
-            times, 2, epoch_cost(strategy.extended.compensation)) <= 2
+            times, 2, epoch_cost(strategy.options.compensation.value)) <= 2
         assert {p.n_m for p in strategy.plans} == {strategy.n_m}
 
 

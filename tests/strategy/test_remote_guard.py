@@ -24,9 +24,8 @@ def _plan(*devices):
     return types.SimpleNamespace(stages=[types.SimpleNamespace(tf_device=d) for d in devices])
 
 
-def _extended(plans, cluster, faults=FaultOptions(TIMEOUT_S)):
-    return types.SimpleNamespace(faults=faults, plans=tuple(plans),
-                                 _cluster_or_none=lambda: cluster)
+def _guard(plans, cluster, faults=FaultOptions(TIMEOUT_S)):
+    return guard_for(faults, tuple(plans), cluster)
 
 
 def test_guard_only_for_one_vw_on_remote_tasks():
@@ -34,28 +33,28 @@ def test_guard_only_for_one_vw_on_remote_tasks():
     spec = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
     cluster = Cluster.from_tf_cluster_spec(spec, {"worker:0": ["LOCAL_CPU"]})
     remote = _plan("/job:worker/replica:0/task:0/device:CPU:0")
-    guard = guard_for(_extended([remote], cluster))
+    guard = _guard([remote], cluster)
     try:
         assert guard.addresses == {"worker:0": spec["worker"][0]}
         assert guard.uses["worker:0"].stages == ((0, 0, remote.stages[0].tf_device),)
     finally:
         guard.close()
-    assert guard_for(_extended([remote], None)) is None                  # a local job
-    assert guard_for(_extended([_plan("/device:CPU:0")], Cluster.local(["LOCAL_CPU"]))) is None
-    assert guard_for(_extended([remote, remote], cluster)) is None       # the coordinator's
-    assert guard_for(_extended([remote], cluster, faults=None)) is None
+    assert _guard([remote], None) is None                  # a local job
+    assert _guard([_plan("/device:CPU:0")], Cluster.local(["LOCAL_CPU"])) is None
+    assert _guard([remote, remote], cluster) is None       # the coordinator's
+    assert _guard([remote], cluster, faults=None) is None
 
 
 def _train(x, y, guarded: bool, monkeypatch):
     import keras
 
     from hetpipe_tf.ps.faults import FaultGuard
-    from hetpipe_tf.strategy import HetPipeStrategy, build, even_plan
+    from hetpipe_tf.strategy import HetPipeStrategy, even_plan, modes
     from tests.strategy.helpers import DEVICES, skip_model
 
     guards = []
     if guarded:   # a guard watching no task: the runtime's calls go through it all the same
-        monkeypatch.setattr(build, "guard_for", lambda extended: guards.append(
+        monkeypatch.setattr(modes, "guard_for", lambda *args: guards.append(
             FaultGuard(FaultOptions(TIMEOUT_S), {}, {}, 1)) or guards[-1])
     strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=2))
     with strategy.scope():

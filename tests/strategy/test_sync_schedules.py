@@ -90,7 +90,7 @@ def test_sparse_gradients_of_an_embedding_are_summed_over_micro_batches(schedule
 def test_schedule_is_exported_and_hetpipe_stays_default():
     assert hp.Schedule is Schedule
     strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=2))
-    assert strategy.extended.schedule is Schedule.HETPIPE and strategy.n_m == 2
+    assert strategy.options.schedule.schedule is Schedule.HETPIPE and strategy.n_m == 2
 
 
 def test_two_vws_d0_are_synchronous_data_parallelism():

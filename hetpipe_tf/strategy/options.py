@@ -1,0 +1,208 @@
+"""The strategy's options: every `HetPipeStrategy(...)` argument, parsed, checked and resolved
+once into one frozen value.
+
+`StrategyOptions` is made of small frozen parts, one per concern: the layout (the cluster
+argument, plans given or a planning callable, the allocation policy), the pipeline (N_m,
+Max_m, in-graph), WSP (clock distance, placement, PS hosts, fresh pulls), the schedule
+(HetPipe, GPipe, 1F1B; micro-batches; re-materialization), staleness compensation (the
+value and whether it is the default), the data-parallel mode (and hand-given shares) and
+fault handling (`FaultOptions`). Every default is resolved here: the compensation (BOTH, or
+NONE in HetSeq mode) and N_m (1 for a synchronous schedule and for HetSeq; the plan's when
+plans are given). What only the first fit can know (plans the planner makes, the N_m it
+picks for them) is a model's `Layout` (strategy/layout.py), never written back here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+from hetpipe_tf._args import check_int
+from hetpipe_tf.cluster.allocation import AllocationPolicy
+from hetpipe_tf.core.sync_schedule import Schedule
+from hetpipe_tf.partitioner.plan import Plan
+from hetpipe_tf.ps.faults import FaultOptions
+from hetpipe_tf.ps.placement import PlacementPolicy
+from hetpipe_tf.strategy import schedules
+from hetpipe_tf.strategy.compensation import Compensation
+from hetpipe_tf.strategy.hetseq import DataParallel
+from hetpipe_tf.strategy.hetseq import check_arguments as check_hetseq_arguments
+from hetpipe_tf.strategy.validation import check_n_m, check_plans
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutOptions:
+    """Where the model runs: the cluster argument as given (a Cluster, dict, ClusterSpec,
+    resolver, or None for TF_CONFIG), the plans given (one per VW) or a callable that makes
+    them at the first fit, and the allocation policy that forms VWs for the planner."""
+
+    cluster: Any = dataclasses.field(default=None, compare=False)
+    plans: tuple = ()
+    plan_fn: Callable | None = None
+    allocation: AllocationPolicy | None = None
+    num_virtual_workers: int | None = None
+
+    @property
+    def plan(self) -> Plan | None:
+        """The one plan given (its variables are created on their stage devices)."""
+        return self.plans[0] if len(self.plans) == 1 else None
+
+    @property
+    def planned_at_fit(self) -> bool:
+        return not self.plans
+
+    def cluster_or_none(self):
+        """The hetpipe_tf Cluster of the argument or TF_CONFIG; None when neither is set."""
+        if self.cluster is None and not os.environ.get("TF_CONFIG"):
+            return None
+        from hetpipe_tf.strategy.planning import resolve_cluster
+        return resolve_cluster(self.cluster)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOptions:
+    """One VW's pipeline: N_m (None: chosen when the planner plans, at the first fit), the
+    memory bound Max_m, and whether one stage at N_m = 1 runs inside Keras' step."""
+
+    n_m: int | None = None
+    max_m: int | None = None
+    in_graph: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class WSPOptions:
+    """Several VWs under Wave Synchronous Parallel (paper Section 5, docs/wsp.md)."""
+
+    clock_distance: int = 0
+    placement: PlacementPolicy = PlacementPolicy.DEFAULT
+    ps_hosts: tuple[str, ...] | None = None
+    fresh_pulls: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleOptions:
+    """The pipeline schedule (docs/schedules.md); micro-batches and re-materialization belong
+    to the synchronous ones."""
+
+    schedule: Schedule = Schedule.HETPIPE
+    micro_batches: int | None = None
+    rematerialize: bool = False
+
+    @property
+    def synchronous(self) -> bool:
+        return self.schedule.synchronous
+
+
+@dataclasses.dataclass(frozen=True)
+class CompensationOptions:
+    """Staleness compensation (docs/convergence.md) and whether the user left it default
+    (a log line then names it where it changes training)."""
+
+    value: Any = Compensation.NONE
+    by_default: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallelOptions:
+    """How data parallelism treats unequal devices, and the shares given by hand."""
+
+    mode: DataParallel = DataParallel.WSP
+    shares: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyOptions:
+    """Every argument of `HetPipeStrategy`, checked and resolved (module docstring)."""
+
+    layout: LayoutOptions = LayoutOptions()
+    pipeline: PipelineOptions = PipelineOptions()
+    wsp: WSPOptions = WSPOptions()
+    schedule: ScheduleOptions = ScheduleOptions()
+    compensation: CompensationOptions = CompensationOptions()
+    data_parallel: DataParallelOptions = DataParallelOptions()
+    faults: FaultOptions = FaultOptions()
+
+    @property
+    def hetseq(self) -> bool:
+        """HetSeq's own synchronous executor: data_parallel="hetseq" with D = 0."""
+        return (self.data_parallel.mode is DataParallel.HETSEQ
+                and self.wsp.clock_distance == 0)
+
+    @property
+    def splits_batches(self) -> bool:
+        """Whether several VWs split every batch: data_parallel="wsp_split", or "hetseq"
+        with clock_distance > 0 (one-device VWs under WSP)."""
+        mode = self.data_parallel.mode
+        return mode is DataParallel.WSP_SPLIT or (
+            mode is DataParallel.HETSEQ and self.wsp.clock_distance > 0)
+
+    @classmethod
+    def parse(cls, cluster: Any = None, *, plan=None, n_m=None, schedule=Schedule.HETPIPE,
+              micro_batches=None, rematerialize=False, max_m=None, clock_distance=0,
+              placement="default", ps_hosts=None, allocation=None,
+              num_virtual_workers=None, fresh_pulls=True, in_graph=True,
+              compensation=None, data_parallel=DataParallel.WSP, shares=None,
+              faults: FaultOptions = FaultOptions()) -> "StrategyOptions":
+        """Check every argument (errors name it and say how to fix it) and resolve every
+        default; the arguments are HetPipeStrategy's."""
+        sched = ScheduleOptions(
+            schedules.check_arguments(schedule, micro_batches, rematerialize, n_m,
+                                      data_parallel), micro_batches, rematerialize)
+        layout = _layout(cluster, plan, allocation, num_virtual_workers, max_m)
+        # N_m: the one given, else the plans' (None: the planner's, at the first fit).
+        resolved_n_m = n_m if n_m is not None or not layout.plans else layout.plans[0].n_m
+        if resolved_n_m is not None:
+            for p in layout.plans or (None,):
+                check_n_m(resolved_n_m, max_m, p)
+        clock_distance = check_int("clock_distance", clock_distance, minimum=0,
+                                   hint="use 0 for BSP-like waves")
+        wsp = WSPOptions(clock_distance, PlacementPolicy.parse(placement),
+                         None if ps_hosts is None else tuple(ps_hosts),
+                         _check_bool("fresh_pulls", fresh_pulls))
+        in_graph = _check_bool("in_graph", in_graph)
+        chosen = None if compensation is None else Compensation.parse(compensation)
+        if layout.allocation is not None and (layout.plans or layout.plan_fn is not None):
+            raise ValueError(
+                "allocation forms virtual workers for the planner; it cannot be combined "
+                f"with a plan. Received: allocation={layout.allocation.name} and a plan; "
+                "pass one plan per virtual worker, or no plan.")
+        mode = DataParallel.parse(data_parallel)
+        if chosen is None:
+            # The default (docs/convergence.md "The defaults"): BOTH where staleness can
+            # exist; HetSeq's synchronous steps have none to compensate.
+            chosen = Compensation.NONE if mode is DataParallel.HETSEQ else Compensation.BOTH
+        hand_shares = check_hetseq_arguments(
+            mode, shares, plans=layout.plans, plan_fn=layout.plan_fn,
+            allocation=layout.allocation, clock_distance=clock_distance, n_m=n_m,
+            has_cluster=layout.cluster_or_none() is not None, compensation=chosen)
+        if sched.synchronous or mode is DataParallel.HETSEQ:
+            resolved_n_m = 1   # one minibatch in flight (n_m given with either was refused)
+        return cls(layout=layout, pipeline=PipelineOptions(resolved_n_m, max_m, in_graph),
+                   wsp=wsp, schedule=sched,
+                   compensation=CompensationOptions(chosen, by_default=compensation is None),
+                   data_parallel=DataParallelOptions(mode, hand_shares), faults=faults)
+
+
+def _layout(cluster, plan, allocation, num_virtual_workers, max_m) -> LayoutOptions:
+    plan_fn = plan if callable(plan) else None
+    plans = () if plan is None or callable(plan) else (
+        (plan,) if isinstance(plan, Plan) else check_plans(plan))
+    # Checked here, not first at the fit that plans: bad input fails before any work.
+    for arg, value in (("max_m", max_m), ("num_virtual_workers", num_virtual_workers)):
+        if value is not None:
+            check_int(arg, value, minimum=1, hint="pass a positive int, or None for the "
+                                                  "default")
+    if not plans and plan_fn is None and cluster is None and not os.environ.get("TF_CONFIG"):
+        raise ValueError(
+            "HetPipeStrategy needs the virtual worker's devices. Received: cluster=None, "
+            "plan=None and no TF_CONFIG; pass a cluster (hetpipe_tf.cluster) or a plan.")
+    return LayoutOptions(cluster, plans, plan_fn,
+                         None if allocation is None else AllocationPolicy.parse(allocation),
+                         num_virtual_workers)
+
+
+def _check_bool(arg: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{arg} must be True or False. Received: {arg}={value!r}.")
+    return value

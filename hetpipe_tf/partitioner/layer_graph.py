@@ -34,7 +34,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf import _shim as _keras_shim
 
 
 @dataclasses.dataclass(frozen=True, order=True)

@@ -20,13 +20,13 @@ def thread_scope() -> Any:
     """Entered by each thread of an Executor around its whole loop: in a process connected
     to a cluster, the thread's eager ops run in an executor of its own, so that a lost
     task's failed ops block only the threads that worked for it (a stage, wave sync or
-    feeder of the VW it served), never the others' (`_keras_shim.own_executor`,
+    feeder of the VW it served), never the others' (`tf_executors.own_executor`,
     docs/cluster_jobs.md "Going on without a lost VW"). Local jobs keep TensorFlow's
     default executor: nothing to lose there."""
-    from hetpipe_tf import _keras_shim
+    from hetpipe_tf._shim import tf_executors
     from hetpipe_tf.cluster.roles import connected_to_cluster
 
-    return _keras_shim.own_executor() if connected_to_cluster() else contextlib.nullcontext()
+    return tf_executors.own_executor() if connected_to_cluster() else contextlib.nullcontext()
 
 
 class Executor(abc.ABC):

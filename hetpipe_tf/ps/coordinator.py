@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf._shim import keras_optimizer, tf_executors
 from hetpipe_tf.pipeline.executor import Executor, thread_scope
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 from hetpipe_tf.ps.faults import FaultPolicy, TaskLostError, remote_failure
@@ -195,7 +195,7 @@ class Coordinator(Executor):
         def run() -> None:
             # A lost task blocks this thread only; `done` is set before leaving the
             # executor, which waits for its remote ops (a frozen task's never end).
-            with _keras_shim.own_executor():
+            with tf_executors.own_executor():
                 try:
                     fn(*args)
                 except BaseException as e:  # noqa: BLE001 - judged below
@@ -266,7 +266,7 @@ class Coordinator(Executor):
             self._on_vw(w, s.flush)
         values, _ = self.servers.pull()
         for v, x in zip(self.model_variables, values):
-            _keras_shim.variable_handle(v).assign(x)
+            keras_optimizer.variable_handle(v).assign(x)
         self._run_open = False
         if self._on_run_end is not None:
             self._on_run_end()
@@ -343,7 +343,7 @@ class Coordinator(Executor):
     def _start_run(self) -> None:
         values = []
         for v in self.model_variables:
-            values.append(tf.identity(_keras_shim.variable_handle(v)))
+            values.append(tf.identity(keras_optimizer.variable_handle(v)))
         self.servers.start_run(values)
         for w, (rt, s) in enumerate(zip(self.runtimes, self.syncs)):
             self._on_vw(w, s.start_run, rt.submitted + 1)

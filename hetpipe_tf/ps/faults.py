@@ -286,12 +286,12 @@ class FaultGuard:
             self._local.inside = True
             if self.options.policy is FaultPolicy.CONTINUE:
                 # The job outlives a lost task: its failed ops must not block the chief's
-                # later calls in a shared executor (_keras_shim.own_executor). `done` is
+                # later calls in a shared executor (tf_executors.own_executor). `done` is
                 # set inside: leaving the executor waits for its remote ops, and one for a
                 # frozen task (a tensor handle it frees, say) never ends.
-                from hetpipe_tf import _keras_shim
+                from hetpipe_tf._shim import tf_executors
 
-                with _keras_shim.own_executor():
+                with tf_executors.own_executor():
                     call_fn()
             else:
                 call_fn()

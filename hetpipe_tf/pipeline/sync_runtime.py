@@ -45,8 +45,8 @@ from hetpipe_tf._args import check_int
 from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.core.sync_schedule import Action, ActionKind, Schedule, actions
 from hetpipe_tf.pipeline import tied
-from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.executor import ThreadedExecutor
+from hetpipe_tf.pipeline.micro_batches import Adder, split, split_sizes
 from hetpipe_tf.pipeline.runtime import RecordView, TraceEvent
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
@@ -59,55 +59,6 @@ _KIND = {ActionKind.FORWARD: TaskKind.FORWARD, ActionKind.BACKWARD: TaskKind.BAC
 
 class _Dropped(Exception):
     """The minibatch was aborted (or another stage failed) while this stage worked on it."""
-
-
-def split_sizes(rows: int, micro_batches: int) -> list[int]:
-    """Rows of each micro-batch: min(M, rows) parts, the first ones one row longer."""
-    m = max(1, min(micro_batches, rows))
-    base, extra = divmod(rows, m)
-    return [base + (1 if i < extra else 0) for i in range(m)]
-
-
-def _split(x, sizes):
-    if x is None:
-        return [None] * len(sizes)
-    if len(sizes) == 1:
-        return [x]
-    flat = tf.nest.flatten(x)
-    pieces = [tf.split(t, sizes, axis=0) if t is not None else [None] * len(sizes)
-              for t in flat]
-    return [tf.nest.pack_sequence_as(x, [p[i] for p in pieces]) for i in range(len(sizes))]
-
-
-def _add(x, y):
-    """x + y; for sparse gradients (an Embedding's IndexedSlices, which have no `+`) their
-    rows side by side, as TensorFlow aggregates them (the optimizer sums repeated rows)."""
-    if isinstance(x, tf.IndexedSlices) or isinstance(y, tf.IndexedSlices):
-        x, y = (t if isinstance(t, tf.IndexedSlices) else tf.IndexedSlices(
-            t, tf.range(tf.shape(t, out_type=tf.int64)[0]), tf.shape(t, out_type=tf.int64))
-            for t in (x, y))
-        return tf.IndexedSlices(tf.concat([x.values, y.values], 0),
-                                tf.concat([tf.cast(x.indices, tf.int64),
-                                           tf.cast(y.indices, tf.int64)], 0),
-                                x.dense_shape)
-    return x + y
-
-
-class _Adder:
-    """Element-wise sums of tensor lists in one compiled call (None where a term is None)."""
-
-    def __init__(self):
-        self._fn = compiled_method(self._impl, reduce_retracing=True)
-
-    def _impl(self, a, b):
-        return [x if y is None else y if x is None else _add(x, y) for x, y in zip(a, b)]
-
-    def __call__(self, a, b):
-        if a is None:
-            return list(b)
-        if not a:
-            return a
-        return self._fn(list(a), list(b))
 
 
 @dataclasses.dataclass
@@ -173,7 +124,7 @@ class SyncPipelineRuntime(ThreadedExecutor):
         self._on_run_end = on_run_end
         self._actions: dict[int, tuple] = {}
         self._scales: dict[tuple, list] = {}
-        self._adders = [_Adder() for _ in self.stages]
+        self._adders = [Adder() for _ in self.stages]
         self._repeatable: set[int] = set()   # stages checked for re-materialization
         self._cond = threading.Condition()
         self.submitted = 0
@@ -224,10 +175,10 @@ class SyncPipelineRuntime(ThreadedExecutor):
         key = (rows, tuple(sizes))
         if key not in self._scales:
             self._scales[key] = [tf.constant(n / rows, tf.float32) for n in sizes]
-        split_in = _split(list(inputs), sizes)
+        split_in = split(list(inputs), sizes)
         with self._cond:
-            mb = _Minibatch(self._admit(), split_in, _split(y, sizes),
-                            _split(sample_weight, sizes), self._scales[key], self._run)
+            mb = _Minibatch(self._admit(), split_in, split(y, sizes),
+                            split(sample_weight, sizes), self._scales[key], self._run)
             self._start_or_wait(mb)
 
     def _start(self, mb: _Minibatch) -> None:

@@ -52,7 +52,7 @@ from hetpipe_tf.pipeline.stage import Stage, compiled_loss
 from hetpipe_tf.pipeline.weights import StageWeights
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 from hetpipe_tf.pipeline.workers import Loop
-from hetpipe_tf.ps.coordinator import DroppableLock
+from hetpipe_tf.ps.lost_workers import DroppableLock
 
 
 

@@ -85,10 +85,15 @@ class Workers:
                 finally:
                     loop.done(item)
 
-    def close(self) -> None:
-        """Stop every thread once its queue reaches STOP, and join them (not the caller)."""
+    def stop(self) -> None:
+        """Let every thread end when it reaches STOP in its queue (no join: a thread stuck in
+        a lost task's remote op stays behind as a daemon)."""
         for q in self.queues:
             q.put(STOP)
+
+    def close(self) -> None:
+        """`stop`, then join every thread (not the calling one)."""
+        self.stop()
         for t in self.threads:
             if t is not threading.current_thread():
                 t.join()

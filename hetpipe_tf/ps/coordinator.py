@@ -32,7 +32,6 @@ of the Coordinator.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from typing import Any, Callable, Sequence
@@ -48,8 +47,6 @@ from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 
 _STOP = object()
-
-logger = logging.getLogger(__name__)
 
 
 class Coordinator(LostWorkers, Executor):

@@ -165,7 +165,7 @@ def test_coordinator_goes_on_without_a_dropped_vw(caplog):
         coord.drain()
         assert sorted(rts[0].taken + rts[1].taken) == list(range(8))
         rts[1].hang.set()   # frozen: every later call on VW 1 blocks
-        with caplog.at_level(logging.WARNING, logger="hetpipe_tf.ps.coordinator"):
+        with caplog.at_level(logging.WARNING, logger="hetpipe_tf.ps.lost_workers"):
             assert coord.drop_lost(_lost()) is True
         text = caplog.text
         assert "worker:1 at 127.0.0.1:5555" in text and "virtual worker(s) [1]" in text

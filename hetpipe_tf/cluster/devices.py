@@ -13,6 +13,7 @@ import numbers
 import re
 from typing import Any, Union
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.catalog import canonical_type_name
 from hetpipe_tf.cluster.errors import invalid as _bad
 
@@ -91,13 +92,10 @@ class Device:
                        f"emulated_speed_factor={f!r}",
                        "use 1.0 for real speed or e.g. 0.5 for half speed")
         object.__setattr__(self, "emulated_speed_factor", float(f))
-        m = self.memory_bytes
-        if m is not None and (isinstance(m, bool) or not isinstance(m, numbers.Integral)
-                              or m <= 0):
-            raise _bad(f"Device {self.name}: memory_bytes must be an int > 0 or None",
-                       f"memory_bytes={m!r}", "pass bytes, or None for the type's memory")
-        if m is not None:
-            object.__setattr__(self, "memory_bytes", int(m))
+        if self.memory_bytes is not None:
+            object.__setattr__(self, "memory_bytes", check_int(
+                "memory_bytes", self.memory_bytes, minimum=1,
+                hint=f"pass Device {self.name} bytes, or None for the type's memory"))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (the host is implied by the enclosing host entry)."""

@@ -16,7 +16,6 @@ from hetpipe_tf.pipeline.workers import STOP, Loop, Workers, thread_scope
 __all__ = ["Executor", "ThreadedExecutor", "PipelineError", "STOP", "thread_scope"]
 
 
-
 class PipelineError(RuntimeError):
     """The pipeline cannot take work: it was closed."""
 

@@ -9,8 +9,10 @@ joins them) and keeps the first error of its threads, re-raised as itself by the
 from __future__ import annotations
 
 import abc
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
+from hetpipe_tf.pipeline.window import Window
 from hetpipe_tf.pipeline.workers import STOP, Loop, Workers, thread_scope
 
 __all__ = ["Executor", "ThreadedExecutor", "PipelineError", "STOP", "thread_scope"]
@@ -77,6 +79,51 @@ class ThreadedExecutor(Executor):
     _workers: Workers | None = None
     vw = 0
 
+    def _init_pipeline(self, stages: Sequence[Any], weights: Any, *, vw: int, history: int,
+                       plan: Any, update_metrics: Callable, metrics_lock: Any,
+                       after_apply: Callable | None, on_run_start: Callable | None,
+                       on_run_end: Callable | None, trace: bool) -> None:
+        """The state every pipeline of one VW keeps (`PipelineRuntime`, `SyncPipelineRuntime`;
+        arguments as documented there); the subclass then starts its workers."""
+        self.stages = list(stages)
+        self.plan = plan  # the partitioner Plan the stages come from (reports, monitors)
+        self.vw = vw
+        self.history = history
+        if len(weights.stages) != len(self.stages):
+            raise ValueError(f"One StageWeights per stage is needed. Received: "
+                             f"{len(weights.stages)} for {len(self.stages)} stages.")
+        self.versions = weights
+        self._after_apply = after_apply
+        # Called when a run opens / after it closed (one VW: the optimizer state moves
+        # between the stages' optimizers and the model's there).
+        self._on_run_start = on_run_start
+        self._on_run_end = on_run_end
+        self._update_metrics = update_metrics
+        # Several virtual workers update the model's shared metrics: one at a time, so
+        # their update is a call of its own under the shared lock. One virtual worker: the
+        # last stage updates them inside its compiled task (one call less per minibatch).
+        self._fuse_metrics = metrics_lock is None
+        self._metrics_lock = metrics_lock or threading.Lock()
+        self._cond = threading.Condition()
+        self.submitted = 0
+        self.completed = 0
+        self._waiting = None   # admitted, starts when p - N_m completes
+        self.run_starts = Window(history)
+        self._run_open = False
+        self._run = 0
+        # Tasks and updates queued or being worked on (counted from `_put` to their end, so an
+        # abort never misses one a thread has just taken off its queue).
+        self._outstanding = 0
+        self._closed = False
+        self._error = None
+        self.logs: dict | None = None
+        self.logs_time = 0.0
+        self.trace_enabled = trace
+        self.trace = Window(history)
+        self.completions = Window(history)
+        self.update_s = Window(history)
+        self.dropped = 0        # minibatches an abort dropped without applying them
+
     def _start_workers(self, loops: Sequence[Loop], updater: Loop | None = None) -> None:
         """Start one thread per loop (queues `_queues`) and the updater's (`_updates`)."""
         every = list(loops) + ([updater] if updater is not None else [])
@@ -135,6 +182,14 @@ class ThreadedExecutor(Executor):
             while self.submitted - self.completed >= self.n_m and self._error is None:
                 self._cond.wait()
             self._raise_if_failed()
+
+    def drain(self) -> None:
+        """Wait until every submitted minibatch completed, then end the run."""
+        with self._cond:
+            while self.completed < self.submitted and self._error is None:
+                self._cond.wait()
+            self._raise_if_failed()
+        self._end_run()
 
     def _put(self, q, item) -> None:
         with self._cond:

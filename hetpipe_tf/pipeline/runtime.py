@@ -51,7 +51,7 @@ from hetpipe_tf.pipeline.executor import PipelineError, ThreadedExecutor  # noqa
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
 from hetpipe_tf.pipeline.workers import Loop
-from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
+from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
 
 _APPLY = "apply"   # a stage's task: apply its part of a committed minibatch's update
 
@@ -104,45 +104,11 @@ class PipelineRuntime(ThreadedExecutor):
                  vw: int = 0, history: int = DEFAULT_HISTORY, plan=None,
                  on_run_start: Callable[[], None] | None = None,
                  on_run_end: Callable[[], None] | None = None):
-        self.stages = list(stages)
-        self.plan = plan  # the partitioner Plan the stages come from (reports, monitors)
         self.n_m = n_m
-        self.vw = vw
-        self.history = history
-        if len(weights.stages) != len(self.stages):
-            raise ValueError(f"One StageWeights per stage is needed. Received: "
-                             f"{len(weights.stages)} for {len(self.stages)} stages.")
-        self.versions = weights
-        self._after_apply = after_apply
-        # Called when a run opens / after it closed (one VW: the optimizer state moves
-        # between the stages' optimizers and the model's there).
-        self._on_run_start = on_run_start
-        self._on_run_end = on_run_end
-        self._update_metrics = update_metrics
-        # Several virtual workers update the model's shared metrics: one at a time, so
-        # their update is a call of its own under the shared lock. One virtual worker: the
-        # last stage updates them inside its compiled task (one call less per minibatch).
-        self._fuse_metrics = metrics_lock is None
-        self._metrics_lock = metrics_lock or threading.Lock()
-        self._cond = threading.Condition()
-        self.submitted = 0
-        self.completed = 0
-        self._waiting: Minibatch | None = None   # admitted, starts when p - N_m completes
-        self.run_starts = Window(history)
-        self._run_open = False
-        self._run = 0
-        # Tasks and updates queued or being worked on (counted from `_put` to their end, so an
-        # abort never misses one a thread has just taken off its queue).
-        self._outstanding = 0
-        self._closed = False
-        self._error: BaseException | None = None
-        self.logs: dict | None = None
-        self.logs_time = 0.0
-        self.trace_enabled = trace
-        self.trace = Window(history)
-        self.completions = Window(history)
-        self.update_s = Window(history)
-        self.dropped = 0        # minibatches an abort dropped without applying them
+        self._init_pipeline(stages, weights, vw=vw, history=history, plan=plan,
+                            update_metrics=update_metrics, metrics_lock=metrics_lock,
+                            after_apply=after_apply, on_run_start=on_run_start,
+                            on_run_end=on_run_end, trace=trace)
         self._start_workers(
             [Loop(f"hetpipe-vw{vw}-stage-{j}", functools.partial(self._execute, j),
                   functools.partial(self._where, j), self._done)

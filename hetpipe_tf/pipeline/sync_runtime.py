@@ -106,44 +106,17 @@ class SyncPipelineRuntime(ThreadedExecutor):
             raise ValueError(f"SyncPipelineRuntime runs synchronous schedules. Received: "
                              f"schedule={self.schedule}; use PipelineRuntime for HETPIPE.")
         check_int("micro_batches", micro_batches, minimum=1)
-        self.stages = list(stages)
-        if len(weights.stages) != len(self.stages):
-            raise ValueError(f"One StageWeights per stage is needed. Received: "
-                             f"{len(weights.stages)} for {len(self.stages)} stages.")
-        self.versions = weights
+        self._init_pipeline(stages, weights, vw=vw, history=history, plan=plan,
+                            update_metrics=update_metrics, metrics_lock=metrics_lock,
+                            after_apply=after_apply, on_run_start=on_run_start,
+                            on_run_end=on_run_end, trace=trace)
         self.micro_batches = micro_batches
         self.rematerialize = bool(rematerialize)
-        self.plan = plan
-        self.vw = vw
-        self.history = history
-        self._update_metrics = update_metrics
-        self._fuse_metrics = metrics_lock is None
-        self._metrics_lock = metrics_lock or threading.Lock()
-        self._after_apply = after_apply
-        self._on_run_start = on_run_start
-        self._on_run_end = on_run_end
         self._actions: dict[int, tuple] = {}
         self._scales: dict[tuple, list] = {}
         self._adders = [Adder() for _ in self.stages]
         self._repeatable: set[int] = set()   # stages checked for re-materialization
-        self._cond = threading.Condition()
-        self.submitted = 0
-        self.completed = 0
-        self._waiting: _Minibatch | None = None
-        self._run_open = False
-        self._run = 0
-        self._outstanding = 0
-        self._closed = False
-        self._error: BaseException | None = None
-        self.logs: dict | None = None
-        self.logs_time = 0.0
-        self.trace_enabled = trace
-        self.trace = Window(history)
         self.action_trace = Window(history * 4)
-        self.completions = Window(history)
-        self.update_s = Window(history)
-        self.run_starts = Window(history)
-        self.dropped = 0
         self._start_workers(
             [Loop(f"hetpipe-vw{vw}-sync-stage-{j}", functools.partial(self._work, j),
                   functools.partial(self._where, j), self._done, scoped=False)
@@ -186,13 +159,6 @@ class SyncPipelineRuntime(ThreadedExecutor):
         for q in self._queues:
             self._outstanding += 1
             q.put(mb)
-
-    def drain(self) -> None:
-        with self._cond:
-            while self.completed < self.submitted and self._error is None:
-                self._cond.wait()
-            self._raise_if_failed()
-        self._end_run()
 
     def abort(self) -> None:
         self._drop_uncommitted()

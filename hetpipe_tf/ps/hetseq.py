@@ -216,13 +216,6 @@ class HetSeqExecutor(ThreadedExecutor):
                 self._weights[key] = [tf.constant(m / n, tf.float32) for m in sizes]
         return self._weights[key]
 
-    def drain(self) -> None:
-        with self._cond:
-            while self.completed < self.submitted and self._error is None:
-                self._cond.wait()
-            self._raise_if_failed()
-        self._end_run()
-
     def abort(self) -> None:
         with self._cond:
             self._run += 1

@@ -146,7 +146,7 @@ class _Sampler:
     """Samples, per stage, the buffers it holds (module doc) while the pipeline runs."""
 
     def __init__(self, rt, interval_s: float):
-        from hetpipe_tf import _keras_shim
+        from hetpipe_tf import _shim as _keras_shim
         self._handle = _keras_shim.variable_handle
         self.rt = rt
         self.k = len(rt.stages)

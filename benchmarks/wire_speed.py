@@ -115,8 +115,8 @@ def cpu_seconds(pids) -> float:
 
 def _caller() -> str:
     f = sys._getframe(3)   # past count() and the patched function
-    while f is not None and re.search(r"/(tensorflow|keras|absl)/|compiled\.py|_keras_shim",
-                                      f.f_code.co_filename):
+    skip = r"/(tensorflow|keras|absl)/|compiled\.py|/_shim/|_tf_calls\.py"
+    while f is not None and re.search(skip, f.f_code.co_filename):
         f = f.f_back
     if f is None:
         return "?"
@@ -127,11 +127,11 @@ class CallCounter:
     """Counts what this process asks TensorFlow to run while `counting`: compiled calls
     (`execute.execute`, which every function call and slow-path op goes through), eager ops
     (the generated ops' fast path) and host reads (`.numpy()`), each by op name
-    (`_keras_shim.observe_tf_calls`). On the chief of a cluster job nearly each is a remote
-    call (a request and a wait)."""
+    (`_tf_calls.observe_tf_calls`). On the chief of a cluster job nearly each is a remote call
+    (a request and a wait)."""
 
     def __init__(self):
-        from hetpipe_tf import _keras_shim
+        from benchmarks import _tf_calls
 
         self.counts: dict[tuple[str, str], int] = {}
         self.counting = False
@@ -145,7 +145,7 @@ class CallCounter:
                 key = (kind, name)
                 self.counts[key] = self.counts.get(key, 0) + 1
 
-        _keras_shim.observe_tf_calls(count)
+        _tf_calls.observe_tf_calls(count)
 
     def by_kind(self) -> dict[str, int]:
         out: dict[str, int] = {}

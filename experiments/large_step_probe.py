@@ -150,7 +150,7 @@ def _probe_trace(keras, devices, ds) -> None:
 
 
 def _probe_split(tf, keras) -> None:
-    from hetpipe_tf import _keras_shim as keras_shim
+    from hetpipe_tf import _shim as keras_shim
     from hetpipe_tf.pipeline.compiled import compiled_method
     print("[3] 6 x Dense(512), batch 256, alone: fused step vs the stage's split calls")
     layers = [keras.layers.Dense(512, activation="relu") for _ in range(6)]

@@ -31,6 +31,7 @@ import sys
 import threading
 from typing import Mapping, Sequence, TextIO
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.lifetime import LAUNCHED_ENV, child_preexec, stop_processes
 
 GRACE_S = 10.0
@@ -58,9 +59,7 @@ def job_tasks(workers: int, ps: int, devices_per_worker: int = 1,
     """The tasks of a local job, the chief first: TF_CONFIG of each on 127.0.0.1."""
     for name, value, low in (("workers", workers, 1), ("ps", ps, 0),
                              ("devices_per_worker", devices_per_worker, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"--{name} must be an int >= {low}. Received: {name}={value!r}; "
-                             f"pass e.g. --{name}={max(low, 1)}.")
+        check_int(name, value, minimum=low, hint=f"pass e.g. --{name}={max(low, 1)}")
     counts = {"chief": 1, "worker": workers, **({"ps": ps} if ps else {})}
     ports = list(ports) if ports is not None else free_ports(sum(counts.values()))
     it = iter(ports)

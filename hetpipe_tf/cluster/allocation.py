@@ -38,15 +38,13 @@ import math
 from functools import reduce
 from typing import Any, Callable, Sequence
 
+from hetpipe_tf._args import check_int, parse_enum
 from hetpipe_tf.cluster.catalog import canonical_type_name, get_device_type
+from hetpipe_tf.cluster.errors import AllocationError, invalid
 from hetpipe_tf.cluster.spec import Cluster, Device
 
 VirtualWorkers = tuple[tuple[Device, ...], ...]
 Scorer = Callable[[VirtualWorkers], float]
-
-
-class AllocationError(ValueError):
-    """The requested allocation cannot be built on this cluster."""
 
 
 class AllocationPolicy(enum.Enum):
@@ -60,14 +58,8 @@ class AllocationPolicy(enum.Enum):
     @classmethod
     def parse(cls, value: "str | AllocationPolicy") -> "AllocationPolicy":
         """The policy for a flag value such as "ed" or "auto" (case-insensitive)."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls[str(value).strip().upper()]
-        except KeyError:
-            raise AllocationError(
-                f"Unknown allocation policy. Received: policy={value!r}; use one of "
-                f"{[p.value for p in cls]}.") from None
+        return parse_enum(cls, value, arg="policy", what="allocation policy",
+                          error=AllocationError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +73,7 @@ class PolicyScore:
 
 
 def _bad(what: str, received: str, fix: str) -> AllocationError:
-    return AllocationError(f"{what}. Received: {received}; {fix}.")
+    return invalid(what, received, fix, AllocationError)
 
 
 def _class_key(d: Device) -> tuple[str, float]:
@@ -135,10 +127,9 @@ def _resolve_counts(total: int, default_v: int, num_virtual_workers: int | None,
                     gpus_per_worker: int | None) -> tuple[int, int]:
     for field, value in (("num_virtual_workers", num_virtual_workers),
                          ("gpus_per_worker", gpus_per_worker)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise _bad(f"{field} must be an int >= 1 or None", f"{field}={value!r}",
-                       f"pass a positive {field}, or None for the policy's default")
+        if value is not None:
+            check_int(field, value, minimum=1, error=AllocationError,
+                      hint=f"pass a positive {field}, or None for the policy's default")
     if num_virtual_workers is None and gpus_per_worker is None:
         v = default_v
     elif num_virtual_workers is None:

@@ -1,16 +1,17 @@
 """Local emulation: a heterogeneous `Cluster` played by logical CPU devices of this machine.
 
-`local_cluster` is the body of `Cluster.local` (which delegates here): every declared
-device becomes the logical CPU "/device:CPU:i", keeps its type's catalog memory and speed
-for planning, and is slowed down at run time by its `emulated_speed_factor`.
-`configure_logical_devices` splits the CPU into those logical devices before TensorFlow
-starts; `relative_speed_factors` gives factors proportional to the types' peak FLOP/s.
-Both are also importable from `hetpipe_tf.cluster.spec`.
+`local_hosts` builds the hosts of `Cluster.local`: every declared device becomes the
+logical CPU "/device:CPU:i", keeps its type's catalog memory and speed for planning, and is
+slowed down at run time by its `emulated_speed_factor`. `configure_logical_devices` splits
+the CPU into those logical devices before TensorFlow starts; `relative_speed_factors`
+gives factors proportional to the types' peak FLOP/s.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
+
+from hetpipe_tf._args import check_int
 
 from hetpipe_tf.cluster.catalog import (
     DeviceType,
@@ -18,26 +19,18 @@ from hetpipe_tf.cluster.catalog import (
     get_device_type,
     register_device_type,
 )
-from hetpipe_tf.cluster.spec import (
-    INFINIBAND_56G_BANDWIDTH,
-    PCIE3_X16_BANDWIDTH,
-    Cluster,
-    Device,
-    Host,
-    _bad,
-)
+from hetpipe_tf.cluster.devices import PCIE3_X16_BANDWIDTH, Device, Host
+from hetpipe_tf.cluster.errors import invalid as _bad
 
 
-def local_cluster(
+def local_hosts(
     device_types: Sequence[str | DeviceType] | Sequence[Sequence[str | DeviceType]],
     *,
     hosts: int = 1,
     emulated_speed_factors: Sequence[float] | Mapping[str, float] | None = None,
     intra_bandwidth: float = PCIE3_X16_BANDWIDTH,
-    inter_bandwidth: float = INFINIBAND_56G_BANDWIDTH,
-    cluster_cls: type[Cluster] = Cluster,
-) -> Cluster:
-    """`Cluster.local` (see there); builds a `cluster_cls`."""
+) -> tuple[Host, ...]:
+    """The hosts of `Cluster.local` (arguments as there)."""
     groups = _group_device_types(device_types, hosts)
     # DeviceType values are registered so that the cluster can refer to them by name.
     flat = [register_device_type(t).name if isinstance(t, DeviceType)
@@ -60,7 +53,7 @@ def local_cluster(
             i += 1
         host_list.append(Host(name=host_name, devices=tuple(devices),
                               intra_bandwidth=intra_bandwidth))
-    return cluster_cls(hosts=tuple(host_list), inter_bandwidth=inter_bandwidth)
+    return tuple(host_list)
 
 
 def relative_speed_factors(type_names: Iterable[str]) -> dict[str, float]:
@@ -88,8 +81,7 @@ def _group_device_types(device_types: Sequence[Any], hosts: int) -> list[list[An
                        f"hosts={hosts}, lists={len(items)}", "omit hosts or make them equal")
         groups = [list(g) for g in items]
     else:
-        if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
-            raise _bad("hosts must be an int >= 1", f"hosts={hosts!r}", "pass e.g. hosts=2")
+        check_int("hosts", hosts, minimum=1, hint="pass e.g. hosts=2")
         if len(items) % hosts:
             raise _bad("The devices cannot be split evenly over the hosts",
                        f"devices={len(items)}, hosts={hosts}",
@@ -125,8 +117,8 @@ def configure_logical_devices(n: int) -> tuple[str, ...]:
     >= n devices is pending, it is accepted as is. Returns the logical CPU device names
     ("/device:CPU:0", ...), as many as will exist.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise _bad("configure_logical_devices needs n >= 1", f"n={n!r}", "pass e.g. n=4")
+    check_int("n", n, minimum=1, hint="configure_logical_devices needs one device at least, "
+              "e.g. n=4")
     import tensorflow as tf  # local import: building a cluster does not need TF
 
     cpu = tf.config.list_physical_devices("CPU")[0]

@@ -6,186 +6,45 @@ frozen, JSON-serialisable value built one of four ways:
 - by hand or from JSON (`Cluster.from_dict`, `Cluster.from_json`);
 - from a TensorFlow cluster (`Cluster.from_tf_cluster_spec`, `Cluster.from_tf_config`):
   one `Host` per TF task, whose devices are declared by type name, because a chief
-  cannot know the GPUs of a remote task before connecting to it (parsing in
+  cannot know the GPUs of a remote task before connecting to it (the hosts are built by
   `hetpipe_tf.cluster.tf_cluster`);
 - as an emulation on this machine (`Cluster.local`): every declared device is a logical
-  CPU device "/device:CPU:i", optionally slowed by an emulated speed factor (in
-  `hetpipe_tf.cluster.local`, with `configure_logical_devices` and
+  CPU device "/device:CPU:i", optionally slowed by an emulated speed factor (the hosts
+  are built by `hetpipe_tf.cluster.local`, beside `configure_logical_devices` and
   `relative_speed_factors`);
 - the paper's testbed (`paper_cluster`).
 
 A host is one TF task (one process); devices on one host talk over the intra-host link
-(PCIe), devices on different hosts over the inter-host network.
+(PCIe), devices on different hosts over the inter-host network. `Device` and `Host` live in
+`hetpipe_tf.cluster.devices`. `local_cluster`, `cluster_from_tf_cluster_spec` and
+`cluster_from_tf_config` are the three classmethods as functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import numbers
 import os
-import re
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
+from hetpipe_tf.cluster import local, tf_cluster
 from hetpipe_tf.cluster.catalog import (
     BUILTIN_TYPE_NAMES,
     DeviceType,
-    canonical_type_name,
     get_device_type,
     register_device_type,
 )
-
-# Section 8.1 of the HetPipe paper: PCIe 3.0 x16 inside a node, 56 Gb/s InfiniBand between.
-PCIE3_X16_BANDWIDTH = 15.75e9
-INFINIBAND_56G_BANDWIDTH = 56e9 / 8
-
-# Job order of hosts (and so of `Cluster.devices`): the chief first, parameter servers last.
-_JOB_ORDER = {"chief": 0, "master": 1, "worker": 2}
-_PS_JOB = "ps"
-
-DeviceRef = Union["Device", str]
-TaskKey = Union[str, tuple[str, int]]
-
-
-def _bad(what: str, received: str, fix: str) -> ValueError:
-    return ValueError(f"{what}. Received: {received}; {fix}.")
-
-
-def _check_bandwidth(field: str, value: Any) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise _bad(f"{field} must be a number > 0 (bytes/s)", f"{field}={value!r}",
-                   "pass a positive bandwidth, e.g. 15.75e9 for PCIe 3.0 x16")
-
-
-_DEVICE_KIND_PATTERN = re.compile(r"(?:device:)?(CPU|GPU|XLA_CPU|XLA_GPU|TPU):\d+$", re.I)
-
-
-def tf_device_kind(tf_device: str) -> str | None:
-    """'GPU' or 'CPU' for a TF device string ("/job:w/task:0/device:GPU:1"), else None."""
-    m = _DEVICE_KIND_PATTERN.search(tf_device)
-    if m is None:
-        return None
-    return m.group(1).upper().replace("XLA_", "")
-
-
-@dataclasses.dataclass(frozen=True)
-class Device:
-    """One compute device of a cluster.
-
-    Attributes:
-      name: unique in the cluster, e.g. "host0/gpu0".
-      type_name: catalog key of its `DeviceType` (spellings like "TITAN V" are
-        normalised to "TITAN_V").
-      host: name of the `Host` it belongs to.
-      tf_device: the TensorFlow device string stages are placed on.
-      emulated_speed_factor: 1.0 = real speed; 0.5 = the runtime emulates a device of half
-        the speed (emulation only: a real device is never made slower on purpose).
-      memory_bytes: usable memory, or None for the type's full memory.
-    """
-
-    name: str
-    type_name: str
-    host: str
-    tf_device: str
-    emulated_speed_factor: float = 1.0
-    memory_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        for field in ("name", "host", "tf_device"):
-            value = getattr(self, field)
-            if not isinstance(value, str) or not value:
-                raise _bad(f"Device {field} must be a non-empty string",
-                           f"{field}={value!r}", f"pass a {field} string")
-        if not self.tf_device.startswith("/"):
-            raise _bad("Device tf_device must be a TensorFlow device string",
-                       f"tf_device={self.tf_device!r}",
-                       "use e.g. '/job:worker/replica:0/task:0/device:GPU:0'")
-        object.__setattr__(self, "type_name", canonical_type_name(self.type_name))
-        f = self.emulated_speed_factor
-        if (isinstance(f, bool) or not isinstance(f, numbers.Real)
-                or not math.isfinite(f) or f <= 0):
-            raise _bad(f"Device {self.name}: emulated_speed_factor must be > 0",
-                       f"emulated_speed_factor={f!r}",
-                       "use 1.0 for real speed or e.g. 0.5 for half speed")
-        object.__setattr__(self, "emulated_speed_factor", float(f))
-        m = self.memory_bytes
-        if m is not None and (isinstance(m, bool) or not isinstance(m, numbers.Integral)
-                              or m <= 0):
-            raise _bad(f"Device {self.name}: memory_bytes must be an int > 0 or None",
-                       f"memory_bytes={m!r}", "pass bytes, or None for the type's memory")
-        if m is not None:
-            object.__setattr__(self, "memory_bytes", int(m))
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (the host is implied by the enclosing host entry)."""
-        return {
-            "name": self.name,
-            "type_name": self.type_name,
-            "tf_device": self.tf_device,
-            "emulated_speed_factor": self.emulated_speed_factor,
-            "memory_bytes": self.memory_bytes,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Host:
-    """A node: one TF task (process) with its devices.
-
-    Attributes:
-      name: unique in the cluster ("worker0", "host1").
-      devices: the devices on this host; a parameter-server task has none.
-      intra_bandwidth: bytes/s of the link between devices of this host (PCIe).
-      task: the TF (job, task index) address, or None for an emulated host.
-      address: "hostname:port" of the task, when known (tells which tasks share a machine).
-    """
-
-    name: str
-    devices: tuple[Device, ...]
-    intra_bandwidth: float
-    task: tuple[str, int] | None = None
-    address: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise _bad("Host name must be a non-empty string", f"name={self.name!r}",
-                       "pass a name such as 'host0'")
-        devices = tuple(self.devices)
-        for d in devices:
-            if not isinstance(d, Device):
-                raise _bad(f"Host {self.name}: devices must be Device values",
-                           f"device={d!r}", "build them with Device(...)")
-            if d.host != self.name:
-                raise _bad(f"Device {d.name} names another host than the one holding it",
-                           f"device.host={d.host!r}, host={self.name!r}",
-                           "set Device.host to the enclosing Host's name")
-        object.__setattr__(self, "devices", devices)
-        _check_bandwidth("intra_bandwidth", self.intra_bandwidth)
-        object.__setattr__(self, "intra_bandwidth", float(self.intra_bandwidth))
-        if self.task is not None:
-            task = tuple(self.task)
-            if (len(task) != 2 or not isinstance(task[0], str) or not task[0]
-                    or isinstance(task[1], bool) or not isinstance(task[1], numbers.Integral)
-                    or task[1] < 0):
-                raise _bad(f"Host {self.name}: task must be a (job, index) pair",
-                           f"task={self.task!r}", "pass e.g. ('worker', 0) or None")
-            object.__setattr__(self, "task", (task[0], int(task[1])))
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
-        return {
-            "name": self.name,
-            "intra_bandwidth": self.intra_bandwidth,
-            "task": list(self.task) if self.task is not None else None,
-            "address": self.address,
-            "devices": [d.to_dict() for d in self.devices],
-        }
-
+from hetpipe_tf.cluster.devices import (  # noqa: F401 - Device, Host and the links' defaults
+    INFINIBAND_56G_BANDWIDTH,             # are importable from here, beside Cluster
+    PCIE3_X16_BANDWIDTH,
+    Device,
+    DeviceRef,
+    Host,
+    TaskKey,
+    _check_bandwidth,
+    tf_device_kind,
+)
+from hetpipe_tf.cluster.errors import invalid as _bad
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
@@ -421,11 +280,9 @@ class Cluster:
         Hosts are ordered chief, master, worker, other jobs by name, then ps; one host per
         task, named "<job><index>" (e.g. "worker1"); devices are named "worker1/gpu0".
         """
-        from hetpipe_tf.cluster.tf_cluster import cluster_from_tf_cluster_spec
-
-        return cluster_from_tf_cluster_spec(
-            cluster_spec, device_declarations, inter_bandwidth=inter_bandwidth,
-            intra_bandwidth=intra_bandwidth, cluster_cls=cls)
+        hosts = tf_cluster.hosts_of_tf_cluster(cluster_spec, device_declarations,
+                                               intra_bandwidth=intra_bandwidth)
+        return cls(hosts=hosts, inter_bandwidth=inter_bandwidth)
 
     @classmethod
     def from_tf_config(
@@ -444,10 +301,9 @@ class Cluster:
         (`hetpipe_tf.cluster.reports.collect`, at the chief's start in a cluster job),
         else one LOCAL_CPU device (its CPU:0), a worker on a machine like this one.
         """
-        from hetpipe_tf.cluster.tf_cluster import cluster_from_tf_config
-
-        return cluster_from_tf_config(env, device_declarations=device_declarations,
-                                      cluster_cls=cls)
+        cluster_spec, declarations, bandwidths = tf_cluster.read_tf_config(
+            env, device_declarations)
+        return cls.from_tf_cluster_spec(cluster_spec, declarations, **bandwidths)
 
     # ---------------------------------------------------------------- emulation
 
@@ -476,12 +332,10 @@ class Cluster:
           emulated_speed_factors: one factor per device (flat order), or type name ->
             factor; None = 1.0 everywhere.
         """
-        from hetpipe_tf.cluster.local import local_cluster
-
-        return local_cluster(
-            device_types, hosts=hosts, emulated_speed_factors=emulated_speed_factors,
-            intra_bandwidth=intra_bandwidth, inter_bandwidth=inter_bandwidth,
-            cluster_cls=cls)
+        host_list = local.local_hosts(device_types, hosts=hosts,
+                                      emulated_speed_factors=emulated_speed_factors,
+                                      intra_bandwidth=intra_bandwidth)
+        return cls(hosts=host_list, inter_bandwidth=inter_bandwidth)
 
 
 def paper_cluster() -> Cluster:
@@ -502,3 +356,18 @@ def paper_cluster() -> Cluster:
         hosts.append(Host(name=name, devices=devices, intra_bandwidth=PCIE3_X16_BANDWIDTH,
                           task=("worker", i)))
     return Cluster(hosts=tuple(hosts), inter_bandwidth=INFINIBAND_56G_BANDWIDTH)
+
+
+def local_cluster(device_types, **kwargs) -> Cluster:
+    """`Cluster.local` as a function."""
+    return Cluster.local(device_types, **kwargs)
+
+
+def cluster_from_tf_cluster_spec(cluster_spec: Any, device_declarations, **kwargs) -> Cluster:
+    """`Cluster.from_tf_cluster_spec` as a function."""
+    return Cluster.from_tf_cluster_spec(cluster_spec, device_declarations, **kwargs)
+
+
+def cluster_from_tf_config(env: Mapping[str, str] | None = None, **kwargs) -> Cluster:
+    """`Cluster.from_tf_config` as a function."""
+    return Cluster.from_tf_config(env, **kwargs)

@@ -1,7 +1,7 @@
 """TensorFlow clusters: a `Cluster` from a ClusterSpec, a ClusterResolver or TF_CONFIG.
 
-The bodies of `Cluster.from_tf_cluster_spec` and `Cluster.from_tf_config` (which delegate
-here) and the parsing they need. A TF cluster lists tasks, not devices: a chief cannot
+The hosts of `Cluster.from_tf_cluster_spec` and the reading of TF_CONFIG for
+`Cluster.from_tf_config` (both in `spec.py`), and the parsing they need. A TF cluster lists tasks, not devices: a chief cannot
 know the GPUs of a remote task before connecting to it, so every task's devices are
 declared by type name ("worker:0": ["TITAN_V", ...]), or reported by the tasks' servers
 once the chief reached them (`hetpipe_tf.cluster.reports`); a declaration wins. The
@@ -18,18 +18,17 @@ import re
 from typing import Any, Mapping, Sequence
 
 from hetpipe_tf.cluster.catalog import DeviceType, get_device_type, register_device_type
-from hetpipe_tf.cluster.tf_validation import validate_jobs, validate_task
-from hetpipe_tf.cluster.spec import (
+from hetpipe_tf.cluster.devices import (
     _JOB_ORDER,
     _PS_JOB,
     INFINIBAND_56G_BANDWIDTH,
     PCIE3_X16_BANDWIDTH,
-    Cluster,
     Device,
     Host,
     TaskKey,
-    _bad,
 )
+from hetpipe_tf.cluster.errors import invalid as _bad
+from hetpipe_tf.cluster.tf_validation import validate_jobs, validate_task
 
 
 logger = logging.getLogger(__name__)
@@ -51,15 +50,13 @@ def default_declarations(cluster_spec: Any) -> dict[TaskKey, list[str]]:
     return {("worker", i): ["LOCAL_CPU"] for i in jobs.get("worker", {})}
 
 
-def cluster_from_tf_cluster_spec(
+def hosts_of_tf_cluster(
     cluster_spec: Any,
     device_declarations: Mapping[TaskKey, Sequence[str]],
     *,
-    inter_bandwidth: float = INFINIBAND_56G_BANDWIDTH,
     intra_bandwidth: float = PCIE3_X16_BANDWIDTH,
-    cluster_cls: type[Cluster] = Cluster,
-) -> Cluster:
-    """`Cluster.from_tf_cluster_spec` (see there); builds a `cluster_cls`."""
+) -> tuple[Host, ...]:
+    """The hosts of `Cluster.from_tf_cluster_spec` (arguments as there)."""
     jobs = _cluster_spec_as_dict(cluster_spec)
     declared = _normalise_declarations(device_declarations, jobs)
     order = sorted(jobs, key=lambda j: (_JOB_ORDER.get(j, 3 if j != _PS_JOB else 4), j))
@@ -82,17 +79,15 @@ def cluster_from_tf_cluster_spec(
             hosts.append(Host(name=host_name, devices=tuple(devices),
                               intra_bandwidth=intra_bandwidth, task=(job, index),
                               address=jobs[job][index]))
-    return cluster_cls(hosts=tuple(hosts), inter_bandwidth=inter_bandwidth)
+    return tuple(hosts)
 
 
-def cluster_from_tf_config(
+def read_tf_config(
     env: Mapping[str, str] | None = None,
-    *,
     device_declarations: Mapping[TaskKey, Sequence[str]] | None = None,
-    cluster_cls: type[Cluster] = Cluster,
-) -> Cluster:
-    """`Cluster.from_tf_config` (see there); builds it with
-    `cluster_cls.from_tf_cluster_spec`."""
+) -> tuple[Any, Mapping[TaskKey, Sequence[str]], dict[str, float]]:
+    """What `Cluster.from_tf_config` (see there) hands to `Cluster.from_tf_cluster_spec`:
+    TF_CONFIG's cluster, the device declarations and the bandwidths, checked."""
     env = os.environ if env is None else env
     raw = env.get("TF_CONFIG")
     if not raw:
@@ -128,11 +123,9 @@ def cluster_from_tf_config(
                         "(reports of the hosts not used): %s", declarations)
     if declarations is None:
         declarations = default_declarations(config["cluster"])
-    return cluster_cls.from_tf_cluster_spec(
-        config["cluster"], declarations,
-        inter_bandwidth=section.get("inter_bandwidth", INFINIBAND_56G_BANDWIDTH),
-        intra_bandwidth=section.get("intra_bandwidth", PCIE3_X16_BANDWIDTH),
-    )
+    return config["cluster"], declarations, {
+        "inter_bandwidth": section.get("inter_bandwidth", INFINIBAND_56G_BANDWIDTH),
+        "intra_bandwidth": section.get("intra_bandwidth", PCIE3_X16_BANDWIDTH)}
 
 
 def _cluster_spec_as_dict(cluster_spec: Any) -> dict[str, dict[int, str]]:

@@ -13,7 +13,7 @@ import ipaddress
 import re
 from typing import Mapping
 
-from hetpipe_tf.cluster.spec import _bad
+from hetpipe_tf.cluster.errors import invalid as _bad
 
 # The job names TensorFlow's multi-worker and parameter-server strategies use.
 KNOWN_JOBS = ("chief", "master", "worker", "ps", "evaluator")

@@ -32,7 +32,7 @@ from typing import Any
 
 import keras
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf import _shim as _keras_shim
 from hetpipe_tf.partitioner.input_shapes import fixed_input, input_shapes_set
 from hetpipe_tf.partitioner.layer_nodes import (
     CallStructure,

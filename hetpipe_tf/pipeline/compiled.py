@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim as keras_shim
+from hetpipe_tf._shim import tf_eager
 
 _UNKEYED = object()   # an argument the wrapper does not key: call tf.function
 _BY_FUNCTION = object()   # a key whose calls go through tf.function (see __call__)
@@ -84,7 +84,7 @@ class CompiledMethod:
         if concrete is _BY_FUNCTION:
             return self.function(*args)
         with tf.profiler.experimental.Trace(self._name, tf_function_call="concrete"):
-            return keras_shim.call_concrete_flat(concrete, flat)
+            return tf_eager.call_concrete_flat(concrete, flat)
 
     def _flat_callable(self, args: tuple, flat: list):
         """The concrete function for `args` if it binds them as the tensors `flat` (what
@@ -92,7 +92,7 @@ class CompiledMethod:
         already ran)."""
         try:
             concrete = self.function.get_concrete_function(*args)
-            bound = keras_shim.concrete_flat_inputs(concrete, args)
+            bound = tf_eager.concrete_flat_inputs(concrete, args)
         except Exception:  # noqa: BLE001 - only the short way is lost
             return _BY_FUNCTION
         if len(bound) == len(flat) and all(a is b for a, b in zip(bound, flat)):

@@ -24,7 +24,7 @@ from typing import Any, MutableMapping, Sequence
 
 import keras
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf._shim import keras_graph
 from hetpipe_tf.partitioner.layer_graph import LayerGraph, TensorRef
 
 
@@ -69,7 +69,7 @@ class Program:
     def __init__(self, graph: LayerGraph, model: keras.Model):
         self.graph = graph
         self.model = model
-        self._functional = _keras_shim.functional_graph(model)
+        self._functional = keras_graph.functional_graph(model)
         self._input_refs = self.cut(-1)
         self._output_refs = self.cut(len(graph) - 1)
 
@@ -128,15 +128,15 @@ class Program:
         masks = self.graph.masks
         for i in range(first, last + 1):
             for r in self.graph.nodes[i].inputs:
-                if r in masks and masks[r] in env and _keras_shim.keras_mask(env[r]) is None:
-                    _keras_shim.set_keras_mask(env[r], env[masks[r]])
+                if r in masks and masks[r] in env and keras_graph.keras_mask(env[r]) is None:
+                    keras_graph.set_keras_mask(env[r], env[masks[r]])
             for k, y in enumerate(self.graph.call_node(i, env, training=training)):
                 env[TensorRef(i, k)] = y
 
     def model_inputs(self, x) -> list:
         """Stage 0's inputs: the values of `cut(-1)` taken from the model input `x` (a
         tensor, list or dict, as Keras' Functional accepts it)."""
-        flat = _keras_shim.standardize_inputs(self._functional, x)
+        flat = keras_graph.standardize_inputs(self._functional, x)
         return [flat[r.input_index] for r in self._input_refs]
 
     def pack_outputs(self, flat: Sequence[Any]) -> Any:
@@ -146,9 +146,9 @@ class Program:
         outputs = [by_ref[r] for r in self.graph.outputs]
         masks = self.graph.masks
         for r, y in zip(self.graph.outputs, outputs):
-            if r in masks and _keras_shim.keras_mask(y) is None:
-                _keras_shim.set_keras_mask(y, by_ref[masks[r]])
-        packed = keras.tree.pack_sequence_as(_keras_shim.outputs_struct(self._functional),
+            if r in masks and keras_graph.keras_mask(y) is None:
+                keras_graph.set_keras_mask(y, by_ref[masks[r]])
+        packed = keras.tree.pack_sequence_as(keras_graph.outputs_struct(self._functional),
                                              outputs)
         if isinstance(packed, (list, tuple)) and len(packed) == 1:  # Functional's unpack_singleton
             return packed[0]

@@ -38,7 +38,7 @@ Records (trace, completions, update times, the weight-version record) keep the l
 from __future__ import annotations
 
 import dataclasses
-import queue
+import functools
 import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -47,16 +47,13 @@ import tensorflow as tf
 
 from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.pipeline import tied, transport
-from hetpipe_tf.pipeline.executor import STOP, ThreadedExecutor, thread_scope
+from hetpipe_tf.pipeline.executor import PipelineError, ThreadedExecutor  # noqa: F401 - public here
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
-from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
+from hetpipe_tf.pipeline.workers import Loop
+from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
 
 _APPLY = "apply"   # a stage's task: apply its part of a committed minibatch's update
-
-
-class PipelineError(RuntimeError):
-    """The pipeline cannot take work: it was closed."""
 
 
 class RecordView(Mapping):
@@ -107,97 +104,31 @@ class PipelineRuntime(ThreadedExecutor):
                  vw: int = 0, history: int = DEFAULT_HISTORY, plan=None,
                  on_run_start: Callable[[], None] | None = None,
                  on_run_end: Callable[[], None] | None = None):
-        self.stages = list(stages)
-        self.plan = plan  # the partitioner Plan the stages come from (reports, monitors)
         self.n_m = n_m
-        self.vw = vw
-        self.history = history
-        if len(weights.stages) != len(self.stages):
-            raise ValueError(f"One StageWeights per stage is needed. Received: "
-                             f"{len(weights.stages)} for {len(self.stages)} stages.")
-        self.versions = weights
-        self._after_apply = after_apply
-        # Called when a run opens / after it closed (one VW: the optimizer state moves
-        # between the stages' optimizers and the model's there).
-        self._on_run_start = on_run_start
-        self._on_run_end = on_run_end
-        self._update_metrics = update_metrics
-        # Several virtual workers update the model's shared metrics: one at a time, so
-        # their update is a call of its own under the shared lock. One virtual worker: the
-        # last stage updates them inside its compiled task (one call less per minibatch).
-        self._fuse_metrics = metrics_lock is None
-        self._metrics_lock = metrics_lock or threading.Lock()
-        self._queues = [queue.Queue() for _ in self.stages]
-        self._cond = threading.Condition()
-        self.submitted = 0
-        self.completed = 0
-        self._waiting: Minibatch | None = None   # admitted, starts when p - N_m completes
-        self.run_starts = Window(history)
-        self._run_open = False
-        self._run = 0
-        # Tasks and updates queued or being worked on (counted from `_put` to their end, so an
-        # abort never misses one a thread has just taken off its queue).
-        self._outstanding = 0
-        self._closed = False
-        self._error: BaseException | None = None
-        self.logs: dict | None = None
-        self.logs_time = 0.0
-        self.trace_enabled = trace
-        self.trace = Window(history)
-        self.completions = Window(history)
-        self.update_s = Window(history)
-        self.dropped = 0        # minibatches an abort dropped without applying them
-        self._threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
-                                          name=f"hetpipe-vw{vw}-stage-{j}")
-                         for j in range(len(self.stages))]
-        self._updates: queue.Queue | None = None
-        if update_thread:
-            self._updates = queue.Queue()
-            self._threads.append(threading.Thread(target=self._updater, daemon=True,
-                                                  name=f"hetpipe-vw{vw}-updater"))
-        for t in self._threads:
-            t.start()
-
-    @property
-    def thread_ids(self) -> set[int]:
-        return {t.ident for t in self._threads}
+        self._init_pipeline(stages, weights, vw=vw, history=history, plan=plan,
+                            update_metrics=update_metrics, metrics_lock=metrics_lock,
+                            after_apply=after_apply, on_run_start=on_run_start,
+                            on_run_end=on_run_end, trace=trace)
+        self._start_workers(
+            [Loop(f"hetpipe-vw{vw}-stage-{j}", functools.partial(self._execute, j),
+                  functools.partial(self._where, j), self._done)
+             for j in range(len(self.stages))],
+            Loop(f"hetpipe-vw{vw}-updater", self._update,
+                 lambda mb: f"the wave sync after minibatch {mb.id}", self._updated)
+            if update_thread else None)
 
     # --- called by the Keras step / the strategy ----------------------------------------
     def submit(self, inputs: list, y, sample_weight, loss_scale: float | None = None) -> None:
         with self._cond:
-            self._raise_if_failed()
-            if self._closed:
-                raise PipelineError(f"The pipeline of virtual worker {self.vw} is closed.")
-            if not self._run_open:
-                if self._on_run_start is not None:
-                    self._on_run_start()
-                self._run_open = True
-                self.run_starts.append(self.submitted + 1)
-                self.versions.start_run(self.submitted + 1)
-            while self.submitted - self.completed > self.n_m and self._error is None:
-                self._cond.wait()   # N_m in flight and one waiting already
-            self._raise_if_failed()
-            self.submitted += 1
-            mb = Minibatch(self.submitted, inputs, y, sample_weight, run=self._run,
+            mb = Minibatch(self._admit(), inputs, y, sample_weight, run=self._run,
                            loss_scale=loss_scale)
-            if mb.id - self.completed > self.n_m:
-                self._waiting = mb   # `_completed` of mb.id - N_m starts it
-                return
-            self._start(mb)
+            self._start_or_wait(mb)
 
     def _start(self, mb: Minibatch) -> None:
         """Queue p's first task (call under `_cond`; p - N_m has completed)."""
         self._outstanding += 1
         kind = TaskKind.FORWARD_BACKWARD if len(self.stages) == 1 else TaskKind.FORWARD
         self._queues[0].put((kind, mb, None))
-
-    def wait_for_room(self) -> None:
-        """Block until a minibatch can be submitted without waiting (fewer than N_m in
-        flight, so its weight version exists)."""
-        with self._cond:
-            while self.submitted - self.completed >= self.n_m and self._error is None:
-                self._cond.wait()
-            self._raise_if_failed()
 
     def drain(self) -> None:
         with self._cond:
@@ -226,43 +157,21 @@ class PipelineRuntime(ThreadedExecutor):
         last applied state. Clears a failure, so the runtime can run again from there."""
         self._drop_uncommitted()
 
-    # --- stage threads ------------------------------------------------------------------
-    def _worker(self, j: int) -> None:
-        q = self._queues[j]
-        with thread_scope():
-            while True:
-                item = q.get()
-                if item is STOP:
-                    return
-                self._execute(j, item)
-
+    # --- stage threads (workers.Loop: counted in `_outstanding` by whoever queued) -------
     def _execute(self, j: int, item) -> None:
-        """Run one task of stage j (counted in `_outstanding` by whoever queued it)."""
+        """Run one task of stage j."""
         kind, mb, payload = item
-        stage = self.stages[j]
         t0 = time.perf_counter()
-        try:
-            # Unlocked reads: an abort or failure that lands just after them is handled at
-            # the commit (under the lock), as one that lands during the task.
-            drop = kind != _APPLY and (self._error is not None or mb.run != self._run)
-            if not drop:   # else failed or aborted before commit: dropped
-                self._run_task(j, stage, kind, mb, payload, t0)
-        except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
-            what = "the update" if kind == _APPLY else kind.value
-            self._fail(e, f"stage {j} on {stage.device} ({what} of minibatch {mb.id})")
-        finally:
-            self._done()
+        # Unlocked reads: an abort or failure that lands just after them is handled at
+        # the commit (under the lock), as one that lands during the task.
+        drop = kind != _APPLY and (self._error is not None or mb.run != self._run)
+        if not drop:   # else failed or aborted before commit: dropped
+            self._run_task(j, self.stages[j], kind, mb, payload, t0)
 
-    def _put(self, q: queue.Queue, item) -> None:
-        with self._cond:
-            self._outstanding += 1
-        q.put(item)
-
-    def _done(self) -> None:
-        with self._cond:
-            self._outstanding -= 1
-            if not self._outstanding:   # only an abort waits for this
-                self._cond.notify_all()
+    def _where(self, j: int, item) -> str:
+        kind, mb, _ = item
+        what = "the update" if kind == _APPLY else kind.value
+        return f"stage {j} on {self.stages[j].device} ({what} of minibatch {mb.id})"
 
     def _record(self, j: int, kind: TaskKind, p: int, t0: float) -> None:
         if self.trace_enabled:
@@ -340,24 +249,16 @@ class PipelineRuntime(ThreadedExecutor):
         self.logs = transport.host_values(logs)   # one round trip for all of them
         self.logs_time = stamp   # taken under the metrics lock: the latest are the newest
 
-    def _updater(self) -> None:
-        with thread_scope():
-            self._update_loop()
+    def _update(self, mb: Minibatch) -> None:
+        """The updater's work on a committed minibatch (never dropped): its wave hook once
+        every stage applied it."""
+        self.versions.wait_applied(mb.id, stop=lambda: self._error is not None)
+        if self._error is None and self._after_apply is not None:
+            self._after_apply(mb.id)
 
-    def _update_loop(self) -> None:
-        while True:
-            mb = self._updates.get()
-            if mb is STOP:
-                return
-            try:   # committed minibatches are never dropped
-                self.versions.wait_applied(mb.id, stop=lambda: self._error is not None)
-                if self._error is None and self._after_apply is not None:
-                    self._after_apply(mb.id)
-            except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
-                self._fail(e, f"the wave sync after minibatch {mb.id}")
-            finally:
-                self._completed(mb)
-                self._done()
+    def _updated(self, mb: Minibatch) -> None:
+        self._completed(mb)
+        self._done()
 
     def _commit(self, mb: Minibatch) -> None:
         """Stage 0 finished p's backward: p is applied on every stage (or, if an abort came
@@ -376,17 +277,6 @@ class PipelineRuntime(ThreadedExecutor):
             self._put(self._updates, mb)
         else:
             self._completed(mb)
-
-    def _completed(self, mb: Minibatch) -> None:
-        with self._cond:
-            self.completed = mb.id
-            self.completions.append(mb.id)
-            waiting = self._waiting
-            if (waiting is not None and waiting.run == self._run
-                    and waiting.id - self.completed <= self.n_m):
-                self._waiting = None
-                self._start(waiting)
-            self._cond.notify_all()
 
 
 def _scaled(mb: Minibatch, j: int, device: str) -> tuple[list, list]:

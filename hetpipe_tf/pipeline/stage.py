@@ -6,7 +6,7 @@ layers inside a `keras.StatelessScope` mapping each stage variable to its versio
 stages call it under an eager `tf.GradientTape` that is kept until the backward task; the
 backward is the tape's gradient with the next stage's output gradients (no recomputation:
 the tape holds the compiled function's intermediates; watched and differentiated through
-`_keras_shim.watch_flat` / `gradient_flat`, the tape's own C++ path without
+`tf_eager.watch_flat` / `gradient_flat`, the tape's own C++ path without
 `GradientTape`'s per-tensor Python). The last stage runs forward, loss and
 backward as one compiled task. Every call happens on the stage's own thread under
 `tf.device(stage device)` so forward and backward ops run on that device.
@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf._shim import keras_optimizer, keras_trainer, tf_eager
 from hetpipe_tf.partitioner.layer_graph import TensorRef
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.emulation import emulate_slowdown
@@ -44,7 +44,7 @@ def compiled_loss(model, y, y_pred, sample_weight):
     metrics function updates those, under the metrics lock (build.py). Several VWs' last
     stages and HetSeq's shares compute losses at once, and Keras' Mean updates are
     read-modify-write, so updating them here lost updates between threads."""
-    closs = _keras_shim.compile_loss(model)
+    closs = keras_trainer.compile_loss(model)
     if closs is None:
         return None
     if closs.built and closs.metrics:
@@ -213,11 +213,11 @@ class Stage:
     def _read_sequential(self):
         if not self.sequential_nt:   # most models: nothing to read per task
             return []
-        return [tf.identity(_keras_shim.variable_handle(v)) for v in self.sequential_nt]
+        return [tf.identity(keras_optimizer.variable_handle(v)) for v in self.sequential_nt]
 
     def _write_sequential(self, new_s) -> None:
         for v, val in zip(self.sequential_nt, new_s):
-            _keras_shim.variable_handle(v).assign(val)
+            keras_optimizer.variable_handle(v).assign(val)
 
     def forward(self, tvals: Sequence, vvals: Sequence, inputs: Sequence):
         """Forward task of a non-last stage. Returns (outputs, extra_loss, nt_deltas, saved)."""
@@ -229,8 +229,8 @@ class Stage:
             fin = [x for x, m in zip(inputs, mask) if m]
             tape = tf.GradientTape(watch_accessed_variables=False)
             with tape:
-                _keras_shim.watch_flat(tape, tvals)
-                _keras_shim.watch_flat(tape, fin)
+                tf_eager.watch_flat(tape, tvals)
+                tf_eager.watch_flat(tape, fin)
                 outputs, extra, deltas, new_s = self._forward_fn(
                     tvals, list(vvals), self._read_sequential(), inputs)
             self._write_sequential(new_s)
@@ -253,7 +253,7 @@ class Stage:
                 self._one = tf.ones((), saved.extra.dtype)
             ograds.append(self._one if extra_grad is None else extra_grad)
             k = len(saved.tvals)
-            grads = _keras_shim.gradient_flat(saved.tape, targets,
+            grads = tf_eager.gradient_flat(saved.tape, targets,
                                               [*saved.tvals, *saved.float_inputs], ograds)
             wg, in_grads = grads[:k], self._spread(saved.mask, grads[k:])
         self._emulate(t0)
@@ -351,8 +351,8 @@ class Stage:
             fin = [x for x, m in zip(saved.inputs, mask) if m]
             tape = tf.GradientTape(watch_accessed_variables=False)
             with tape:
-                _keras_shim.watch_flat(tape, saved.tvals)
-                _keras_shim.watch_flat(tape, fin)
+                tf_eager.watch_flat(tape, saved.tvals)
+                tf_eager.watch_flat(tape, fin)
                 outputs, extra, _, _ = self._forward_fn(saved.tvals, saved.vvals,
                                                         saved.svals, saved.inputs)
         self._emulate(t0)

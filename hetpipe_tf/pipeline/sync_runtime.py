@@ -34,22 +34,24 @@ with micro-batches numbered globally ((p - 1) x M + m + 1, as `sim/gpipe.py` doe
 from __future__ import annotations
 
 import dataclasses
-import queue
+import functools
 import threading
 import time
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.core.sync_schedule import Action, ActionKind, Schedule, actions
 from hetpipe_tf.pipeline import tied
-from hetpipe_tf.pipeline.compiled import compiled_method
-from hetpipe_tf.pipeline.executor import STOP, ThreadedExecutor
-from hetpipe_tf.pipeline.runtime import PipelineError, RecordView, TraceEvent
+from hetpipe_tf.pipeline.executor import ThreadedExecutor
+from hetpipe_tf.pipeline.micro_batches import Adder, split, split_sizes
+from hetpipe_tf.pipeline.runtime import RecordView, TraceEvent
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
+from hetpipe_tf.pipeline.workers import Loop
 
 _KIND = {ActionKind.FORWARD: TaskKind.FORWARD, ActionKind.BACKWARD: TaskKind.BACKWARD,
          ActionKind.APPLY: TaskKind.APPLY}
@@ -57,55 +59,6 @@ _KIND = {ActionKind.FORWARD: TaskKind.FORWARD, ActionKind.BACKWARD: TaskKind.BAC
 
 class _Dropped(Exception):
     """The minibatch was aborted (or another stage failed) while this stage worked on it."""
-
-
-def split_sizes(rows: int, micro_batches: int) -> list[int]:
-    """Rows of each micro-batch: min(M, rows) parts, the first ones one row longer."""
-    m = max(1, min(micro_batches, rows))
-    base, extra = divmod(rows, m)
-    return [base + (1 if i < extra else 0) for i in range(m)]
-
-
-def _split(x, sizes):
-    if x is None:
-        return [None] * len(sizes)
-    if len(sizes) == 1:
-        return [x]
-    flat = tf.nest.flatten(x)
-    pieces = [tf.split(t, sizes, axis=0) if t is not None else [None] * len(sizes)
-              for t in flat]
-    return [tf.nest.pack_sequence_as(x, [p[i] for p in pieces]) for i in range(len(sizes))]
-
-
-def _add(x, y):
-    """x + y; for sparse gradients (an Embedding's IndexedSlices, which have no `+`) their
-    rows side by side, as TensorFlow aggregates them (the optimizer sums repeated rows)."""
-    if isinstance(x, tf.IndexedSlices) or isinstance(y, tf.IndexedSlices):
-        x, y = (t if isinstance(t, tf.IndexedSlices) else tf.IndexedSlices(
-            t, tf.range(tf.shape(t, out_type=tf.int64)[0]), tf.shape(t, out_type=tf.int64))
-            for t in (x, y))
-        return tf.IndexedSlices(tf.concat([x.values, y.values], 0),
-                                tf.concat([tf.cast(x.indices, tf.int64),
-                                           tf.cast(y.indices, tf.int64)], 0),
-                                x.dense_shape)
-    return x + y
-
-
-class _Adder:
-    """Element-wise sums of tensor lists in one compiled call (None where a term is None)."""
-
-    def __init__(self):
-        self._fn = compiled_method(self._impl, reduce_retracing=True)
-
-    def _impl(self, a, b):
-        return [x if y is None else y if x is None else _add(x, y) for x, y in zip(a, b)]
-
-    def __call__(self, a, b):
-        if a is None:
-            return list(b)
-        if not a:
-            return a
-        return self._fn(list(a), list(b))
 
 
 @dataclasses.dataclass
@@ -152,63 +105,26 @@ class SyncPipelineRuntime(ThreadedExecutor):
         if not self.schedule.synchronous:
             raise ValueError(f"SyncPipelineRuntime runs synchronous schedules. Received: "
                              f"schedule={self.schedule}; use PipelineRuntime for HETPIPE.")
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
-                or micro_batches < 1:
-            raise ValueError(f"micro_batches must be an int >= 1. Received: "
-                             f"micro_batches={micro_batches!r}.")
-        self.stages = list(stages)
-        if len(weights.stages) != len(self.stages):
-            raise ValueError(f"One StageWeights per stage is needed. Received: "
-                             f"{len(weights.stages)} for {len(self.stages)} stages.")
-        self.versions = weights
+        check_int("micro_batches", micro_batches, minimum=1)
+        self._init_pipeline(stages, weights, vw=vw, history=history, plan=plan,
+                            update_metrics=update_metrics, metrics_lock=metrics_lock,
+                            after_apply=after_apply, on_run_start=on_run_start,
+                            on_run_end=on_run_end, trace=trace)
         self.micro_batches = micro_batches
         self.rematerialize = bool(rematerialize)
-        self.plan = plan
-        self.vw = vw
-        self.history = history
-        self._update_metrics = update_metrics
-        self._fuse_metrics = metrics_lock is None
-        self._metrics_lock = metrics_lock or threading.Lock()
-        self._after_apply = after_apply
-        self._on_run_start = on_run_start
-        self._on_run_end = on_run_end
         self._actions: dict[int, tuple] = {}
         self._scales: dict[tuple, list] = {}
-        self._adders = [_Adder() for _ in self.stages]
+        self._adders = [Adder() for _ in self.stages]
         self._repeatable: set[int] = set()   # stages checked for re-materialization
-        self._queues = [queue.Queue() for _ in self.stages]
-        self._cond = threading.Condition()
-        self.submitted = 0
-        self.completed = 0
-        self._waiting: _Minibatch | None = None
-        self._run_open = False
-        self._run = 0
-        self._outstanding = 0
-        self._closed = False
-        self._error: BaseException | None = None
-        self.logs: dict | None = None
-        self.logs_time = 0.0
-        self.trace_enabled = trace
-        self.trace = Window(history)
         self.action_trace = Window(history * 4)
-        self.completions = Window(history)
-        self.update_s = Window(history)
-        self.run_starts = Window(history)
-        self.dropped = 0
-        self._threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
-                                          name=f"hetpipe-vw{vw}-sync-stage-{j}")
-                         for j in range(len(self.stages))]
-        self._updates: queue.Queue | None = None
-        if update_thread:
-            self._updates = queue.Queue()
-            self._threads.append(threading.Thread(target=self._updater, daemon=True,
-                                                  name=f"hetpipe-vw{vw}-sync-updater"))
-        for t in self._threads:
-            t.start()
-
-    @property
-    def thread_ids(self) -> set[int]:
-        return {t.ident for t in self._threads}
+        self._start_workers(
+            [Loop(f"hetpipe-vw{vw}-sync-stage-{j}", functools.partial(self._work, j),
+                  functools.partial(self._where, j), self._done, scoped=False)
+             for j in range(len(self.stages))],
+            Loop(f"hetpipe-vw{vw}-sync-updater", self._update,
+                 lambda mb: f"the wave sync after minibatch {mb.id}", self._updated,
+                 scoped=False)
+            if update_thread else None)
 
     @property
     def record(self) -> RecordView:
@@ -232,46 +148,17 @@ class SyncPipelineRuntime(ThreadedExecutor):
         key = (rows, tuple(sizes))
         if key not in self._scales:
             self._scales[key] = [tf.constant(n / rows, tf.float32) for n in sizes]
-        split_in = _split(list(inputs), sizes)
+        split_in = split(list(inputs), sizes)
         with self._cond:
-            self._raise_if_failed()
-            if self._closed:
-                raise PipelineError(f"The pipeline of virtual worker {self.vw} is closed.")
-            if not self._run_open:
-                if self._on_run_start is not None:
-                    self._on_run_start()
-                self._run_open = True
-                self.run_starts.append(self.submitted + 1)
-                self.versions.start_run(self.submitted + 1)
-            while self.submitted - self.completed > 1 and self._error is None:
-                self._cond.wait()   # one in flight and one waiting already
-            self._raise_if_failed()
-            self.submitted += 1
-            mb = _Minibatch(self.submitted, split_in, _split(y, sizes),
-                            _split(sample_weight, sizes), self._scales[key], self._run)
-            if mb.id - self.completed > 1:
-                self._waiting = mb   # `_completed` of mb.id - 1 starts it
-                return
-            self._start(mb)
+            mb = _Minibatch(self._admit(), split_in, split(y, sizes),
+                            split(sample_weight, sizes), self._scales[key], self._run)
+            self._start_or_wait(mb)
 
     def _start(self, mb: _Minibatch) -> None:
         """Hand p to every stage (call under `_cond`; p - 1 has completed)."""
         for q in self._queues:
             self._outstanding += 1
             q.put(mb)
-
-    def wait_for_room(self) -> None:
-        with self._cond:
-            while self.submitted - self.completed >= 1 and self._error is None:
-                self._cond.wait()
-            self._raise_if_failed()
-
-    def drain(self) -> None:
-        with self._cond:
-            while self.completed < self.submitted and self._error is None:
-                self._cond.wait()
-            self._raise_if_failed()
-        self._end_run()
 
     def abort(self) -> None:
         self._drop_uncommitted()
@@ -313,28 +200,16 @@ class SyncPipelineRuntime(ThreadedExecutor):
             if mb.dropped:
                 raise _Dropped
 
-    # --- stage threads ------------------------------------------------------------------
-    def _worker(self, j: int) -> None:
-        q = self._queues[j]
-        while True:
-            mb = q.get()
-            if mb is STOP:
-                return
-            try:
-                if self._live(mb):
-                    self._run_minibatch(j, mb)
-            except _Dropped:
-                pass
-            except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
-                self._fail(e, f"stage {j} on {self.stages[j].device} (minibatch {mb.id})")
-            finally:
-                self._done()
+    # --- stage threads (workers.Loop) ------------------------------------------------------
+    def _work(self, j: int, mb: _Minibatch) -> None:
+        try:
+            if self._live(mb):
+                self._run_minibatch(j, mb)
+        except _Dropped:
+            pass
 
-    def _done(self) -> None:
-        with self._cond:
-            self._outstanding -= 1
-            if not self._outstanding:
-                self._cond.notify_all()
+    def _where(self, j: int, mb: _Minibatch) -> str:
+        return f"stage {j} on {self.stages[j].device} (minibatch {mb.id})"
 
     def _record(self, j: int, mb: _Minibatch, a: Action, t0: float, m_count: int) -> None:
         if not self.trace_enabled:
@@ -443,33 +318,15 @@ class SyncPipelineRuntime(ThreadedExecutor):
             if mb.applied < len(self.stages):
                 return
         if self._updates is not None:
-            with self._cond:
-                self._outstanding += 1
-            self._updates.put(mb)
+            self._put(self._updates, mb)
         else:
             self._completed(mb)
 
-    def _updater(self) -> None:
-        while True:
-            mb = self._updates.get()
-            if mb is STOP:
-                return
-            try:   # committed minibatches are never dropped
-                if self._error is None and self._after_apply is not None:
-                    self._after_apply(mb.id)
-            except BaseException as e:  # noqa: BLE001 - re-raised to the caller of submit/drain
-                self._fail(e, f"the wave sync after minibatch {mb.id}")
-            finally:
-                self._completed(mb)
-                self._done()
+    def _update(self, mb: _Minibatch) -> None:
+        """The updater's work on a committed minibatch (never dropped): its wave hook."""
+        if self._error is None and self._after_apply is not None:
+            self._after_apply(mb.id)
 
-    def _completed(self, mb: _Minibatch) -> None:
-        with self._cond:
-            self.completed = mb.id
-            self.completions.append(mb.id)
-            waiting = self._waiting
-            if waiting is not None and waiting.run == self._run \
-                    and waiting.id - self.completed <= 1:
-                self._waiting = None
-                self._start(waiting)
-            self._cond.notify_all()
+    def _updated(self, mb: _Minibatch) -> None:
+        self._completed(mb)
+        self._done()

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim as keras_shim
+from hetpipe_tf._shim import tf_executors
 
 _PACKABLE = (tf.float16, tf.float32, tf.float64, tf.int32, tf.bool)
 _TASK = re.compile(r"^/job:([^/]+)(?:/replica:\d+)?(?:/task:(\d+))?")
@@ -49,7 +49,7 @@ def task_of(device: str) -> tuple[str, int] | None:
 
 def _is_remote(device: str) -> bool:
     task = task_of(device)
-    return task is not None and task != task_of(keras_shim.host_task())
+    return task is not None and task != task_of(tf_executors.host_task())
 
 
 def host_values(values: Mapping[str, Any]) -> dict:
@@ -74,7 +74,7 @@ def wait_for_other_tasks(device: str, tensors: Sequence) -> None:
     task = task_of(device)
     if task is None:
         return
-    here = task_of(keras_shim.host_task())
+    here = task_of(tf_executors.host_task())
     for t in tensors:
         other = task_of(getattr(t, "device", "") or "")
         if other is not None and other not in (task, here):

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim as keras_shim
+from hetpipe_tf._shim import keras_optimizer
 from hetpipe_tf.pipeline import transport
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.emulation import emulate_slowdown
@@ -74,7 +74,7 @@ class StageWeights:
         # is alive then, and in place needs no second buffer.
         self._by_value = n_m > 1
         if optimizer is not None and self._by_value:
-            keras_shim.write_by_value(optimizer, self.trainable)
+            keras_optimizer.write_by_value(optimizer, self.trainable)
         self._apply_fn = compiled_method(self._apply_impl, reduce_retracing=True)
         self._read_fn = compiled_method(self.read_ops)
         self._rebase_fn = compiled_method(self._rebase_impl, reduce_retracing=True)
@@ -91,8 +91,8 @@ class StageWeights:
     def read_ops(self):
         """The variables' current values (trainable, non-trainable): ops for the caller's
         graph. A read shares the variable's buffer (no copy)."""
-        return ([tf.identity(keras_shim.variable_handle(v)) for v in self.trainable],
-                [tf.identity(keras_shim.variable_handle(v)) for v in self.non_trainable])
+        return ([tf.identity(keras_optimizer.variable_handle(v)) for v in self.trainable],
+                [tf.identity(keras_optimizer.variable_handle(v)) for v in self.non_trainable])
 
     def snapshot(self) -> tuple[tuple, tuple]:
         with tf.device(self.device):
@@ -135,13 +135,13 @@ class StageWeights:
         if pairs:
             self.optimizer.apply_gradients(pairs)
         for v, d in zip(self.non_trainable, deltas):
-            handle = keras_shim.variable_handle(v)
+            handle = keras_optimizer.variable_handle(v)
             if self._by_value:   # as the optimizer writes (see __init__)
                 handle.assign(handle + d)
             else:
                 handle.assign_add(d)
         if self._counter is not None:
-            keras_shim.variable_handle(self._counter).assign_add(1)
+            keras_optimizer.variable_handle(self._counter).assign_add(1)
 
     def _apply_impl(self, grads, deltas):
         self.update_ops(grads, deltas)
@@ -153,7 +153,7 @@ class StageWeights:
         # As _apply_impl, and the predictor's d after this update (u = after - before).
         # The predictor may correct the gradients first (delay compensation; as they are
         # with weight prediction alone).
-        before = [tf.identity(keras_shim.variable_handle(v)) for v in self.trainable]
+        before = [tf.identity(keras_optimizer.variable_handle(v)) for v in self.trainable]
         grads = self.predictor.correct_ops(grads, before, d)
         self.update_ops(grads, deltas)
         t, n = self.read_ops()
@@ -194,7 +194,7 @@ class StageWeights:
             new = [tf.identity(x) for x in new]
             delta = [a - b for a, b in zip(new, old)]
             for v, d in zip(self.variables, delta):
-                keras_shim.variable_handle(v).assign_add(d)
+                keras_optimizer.variable_handle(v).assign_add(d)
             return new, [[x + d for x, d in zip(version, delta)] for version in later]
 
     def rebase(self, q: int, trainable: Sequence, non_trainable: Sequence) -> None:

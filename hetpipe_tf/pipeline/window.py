@@ -11,14 +11,15 @@ from __future__ import annotations
 import collections
 from typing import Any, Iterator
 
+from hetpipe_tf._args import check_int
+
 # How many minibatches (or pushes) the runtime's records keep by default.
 DEFAULT_HISTORY = 10_000
 
 
 class Window:
     def __init__(self, maxlen: int):
-        if isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 1:
-            raise ValueError(f"maxlen must be an int >= 1. Received: maxlen={maxlen!r}.")
+        check_int("maxlen", maxlen, minimum=1)
         self._items: collections.deque = collections.deque(maxlen=maxlen)
         self._total = 0
 

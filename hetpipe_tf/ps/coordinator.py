@@ -26,40 +26,30 @@ run as `drain` does: the model then holds the last applied state. `on_run_start`
 optimizers' state there, hetpipe_tf/strategy/training_state.py). `close` (or leaving
 `with coordinator:`) aborts and joins every thread.
 
-Going on without a lost VW (`on_fault="continue"`, docs/cluster_jobs.md): the fault guard
-calls `drop_lost(error)` when a worker task is lost. Its VWs are dropped: the servers
-retire them (the global clock a minimum over the others), their feeders take no more
-batches (a batch one was handed back goes to the others; the minibatches in their
-pipelines and their unpushed wave are lost), runs skip them (`start_run`, `drain`,
-`flush`, `abort`, `close`), `on_drop(vw)` leaves their optimizer state out of the merge and
-seed, and a warning names the task, its address, the VWs and stages dropped. An error of a
-VW whose task turns out lost is its consequence, not a failure of the job, and work on a
-dropped VW that hangs (a frozen task) is left behind on a daemon thread.
+Going on without a lost VW (`on_fault="continue"`): `lost_workers.LostWorkers`, a base
+of the Coordinator.
 """
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
-import time
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf._shim import keras_optimizer
 from hetpipe_tf.pipeline.executor import Executor, thread_scope
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
-from hetpipe_tf.ps.faults import FaultPolicy, TaskLostError, remote_failure
+from hetpipe_tf.ps.faults import FaultPolicy, TaskLostError
+from hetpipe_tf.ps.lost_workers import DroppableLock, LostWorkers
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.wave_sync import WaveSync
 
 _STOP = object()
 
-logger = logging.getLogger(__name__)
 
-
-class Coordinator(Executor):
+class Coordinator(LostWorkers, Executor):
     """Dispatch, runs and the end-of-run protocol of several VWs.
 
     Args:
@@ -144,95 +134,6 @@ class Coordinator(Executor):
         done = [rt for rt in self.runtimes if rt.logs is not None]
         return max(done, key=lambda rt: rt.logs_time).logs if done else None
 
-    # Split batches (ps/split.py) cannot go on without a VW: its share has no taker.
-    _can_drop = True
-
-    @property
-    def live(self) -> list[int]:
-        """The VWs still training (not dropped)."""
-        return [w for w in range(len(self.runtimes)) if w not in self.dropped]
-
-    def drop_lost(self, error: TaskLostError) -> bool | str:
-        """The guard's `on_lost` under on_fault='continue': drop the VWs of a lost worker
-        task (module docstring). True when the job goes on; else why it cannot."""
-        if error.use.parameter_server:
-            return "w_global lives on the parameter servers"
-        with self._lock:
-            new = [w for w in error.virtual_workers if w not in self.dropped]
-            left = [w for w in self.live if w not in new]
-            if not left:
-                return "no virtual worker would be left"
-            for w in new:
-                self.dropped[w] = error
-                self.dropped_at[w] = time.monotonic()
-            self._lock.notify_all()
-        if new and self._metrics_lock is not None:
-            self._metrics_lock.drop(set().union(*(self.runtimes[w].thread_ids for w in new)))
-        for w in new:
-            self.servers.retire(w)
-            if self._on_drop is not None:
-                self._on_drop(w)
-        if new:
-            stages = "; ".join(f"stage {s} of VW {vw} on {d}" for vw, s, d in error.stages)
-            logger.warning(
-                "hetpipe_tf: task %s at %s is lost: %s. on_fault='continue': dropped virtual "
-                "worker(s) %s (%s; their minibatches in flight and unpushed wave are lost); "
-                "training goes on with VW(s) %s, WSP clocks over them.", error.task,
-                error.address, error.seen, new, stages, left)
-        return True
-
-    def _on_vw(self, w: int, fn: Callable, *args) -> None:
-        """fn(*args), work on VW w: skipped once w is dropped; under on_fault='continue' left
-        behind (on a daemon thread) when w is dropped meanwhile, and its error ignored when
-        it comes from w's lost task."""
-        if w in self.dropped:
-            return None
-        if not self._continues:
-            return fn(*args)
-        box: dict = {}
-        done = threading.Event()
-
-        def run() -> None:
-            # A lost task blocks this thread only; `done` is set before leaving the
-            # executor, which waits for its remote ops (a frozen task's never end).
-            with _keras_shim.own_executor():
-                try:
-                    fn(*args)
-                except BaseException as e:  # noqa: BLE001 - judged below
-                    box["error"] = e
-                finally:
-                    done.set()
-
-        threading.Thread(target=run, daemon=True, name=f"hetpipe-vw{w}-call").start()
-        while not done.wait(0.05):
-            if w in self.dropped:
-                return None
-        if "error" in box and not self._lost_with(w, box["error"]):
-            raise box["error"]
-        return None
-
-    def _lost_with(self, w: int, e: BaseException) -> bool:
-        """Whether VW w's error `e` comes from a lost task that dropped w (probed now)."""
-        if w in self.dropped:
-            return True
-        if self._continues and remote_failure(e):
-            self.guard.confirm(self.guard.options.timeout_s)
-        return w in self.dropped
-
-    def _wait_taken(self) -> None:
-        """Until every queued batch was taken and handed on (`queue.join`), leaving out the
-        ones dropped VWs hold (stuck in their lost task)."""
-        if not self._continues:
-            return self._queue.join()
-        q = self._queue
-        while True:
-            with self._lock:
-                stuck = sum(self._feeding[w] for w in self.dropped)
-            with q.all_tasks_done:
-                if q.unfinished_tasks <= stuck:
-                    return
-                q.all_tasks_done.wait(0.05)
-
     # --- called by the strategy ----------------------------------------------------------
     def submit(self, inputs: list, y, sample_weight) -> None:
         if self.guard is not None and not self.guard.inside():
@@ -266,7 +167,7 @@ class Coordinator(Executor):
             self._on_vw(w, s.flush)
         values, _ = self.servers.pull()
         for v, x in zip(self.model_variables, values):
-            _keras_shim.variable_handle(v).assign(x)
+            keras_optimizer.variable_handle(v).assign(x)
         self._run_open = False
         if self._on_run_end is not None:
             self._on_run_end()
@@ -343,7 +244,7 @@ class Coordinator(Executor):
     def _start_run(self) -> None:
         values = []
         for v in self.model_variables:
-            values.append(tf.identity(_keras_shim.variable_handle(v)))
+            values.append(tf.identity(keras_optimizer.variable_handle(v)))
         self.servers.start_run(values)
         for w, (rt, s) in enumerate(zip(self.runtimes, self.syncs)):
             self._on_vw(w, s.start_run, rt.submitted + 1)
@@ -410,34 +311,3 @@ class Coordinator(Executor):
                 self._error = e
         # The failed VW will push no more waves: nobody may keep waiting for them.
         self.servers.end_run()
-
-
-class DroppableLock:
-    """A mutex whose holder can be let go of: `drop(idents)` frees it if one of those threads
-    holds it and keeps them from taking it again (a dropped VW's stage thread stuck in a
-    remote op of its frozen task; it stays behind, the other VWs go on)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._owner: int | None = None
-        self._dropped: set[int] = set()
-
-    def __enter__(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            while self._owner is not None or me in self._dropped:
-                self._cond.wait()
-            self._owner = me
-
-    def __exit__(self, *exc) -> None:
-        with self._cond:
-            if self._owner == threading.get_ident():   # not let go of meanwhile
-                self._owner = None
-                self._cond.notify_all()
-
-    def drop(self, idents: set) -> None:
-        with self._cond:
-            self._dropped |= set(idents)
-            if self._owner in self._dropped:
-                self._owner = None
-                self._cond.notify_all()

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
+from hetpipe_tf._args import parse_enum
 from hetpipe_tf.cluster.probe import Health, probe
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -39,14 +40,8 @@ class FaultPolicy(enum.Enum):
 
     @classmethod
     def parse(cls, value: "FaultPolicy | str") -> "FaultPolicy":
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise ValueError(f"on_fault must be a FaultPolicy or one of "
-                             f"{[p.value for p in cls]}. Received: on_fault={value!r}; pass "
-                             "'stop' or 'continue'.") from None
+        """The policy for `on_fault`: a FaultPolicy, "stop" or "continue" (any case)."""
+        return parse_enum(cls, value, arg="on_fault", what="fault policy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +54,7 @@ class FaultOptions:
         if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                 or not math.isfinite(timeout_s) or timeout_s <= 0):
             raise ValueError(f"fault_timeout_s must be a number of seconds > 0. Received: "
-                             f"fault_timeout_s={timeout_s!r}; pass e.g. 30.0.")
+                             f"fault_timeout_s={timeout_s!r}; pass e.g. {DEFAULT_TIMEOUT_S}.")
         policy = FaultPolicy.parse(policy)
         return cls(float(timeout_s), policy)
 
@@ -286,12 +281,12 @@ class FaultGuard:
             self._local.inside = True
             if self.options.policy is FaultPolicy.CONTINUE:
                 # The job outlives a lost task: its failed ops must not block the chief's
-                # later calls in a shared executor (_keras_shim.own_executor). `done` is
+                # later calls in a shared executor (tf_executors.own_executor). `done` is
                 # set inside: leaving the executor waits for its remote ops, and one for a
                 # frozen task (a tensor handle it frees, say) never ends.
-                from hetpipe_tf import _keras_shim
+                from hetpipe_tf._shim import tf_executors
 
-                with _keras_shim.own_executor():
+                with tf_executors.own_executor():
                     call_fn()
             else:
                 call_fn()

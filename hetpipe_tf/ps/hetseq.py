@@ -38,7 +38,7 @@ applied: the last finisher checks its run).
 
 from __future__ import annotations
 
-import queue
+import functools
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -46,13 +46,13 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from hetpipe_tf.partitioner.shares import Shares
-from hetpipe_tf.pipeline.executor import STOP, ThreadedExecutor
+from hetpipe_tf.pipeline.executor import PipelineError, ThreadedExecutor
 from hetpipe_tf.pipeline.compiled import compiled_method
-from hetpipe_tf.pipeline.runtime import PipelineError
 from hetpipe_tf.pipeline.stage import Stage, compiled_loss
 from hetpipe_tf.pipeline.weights import StageWeights
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
-from hetpipe_tf.ps.coordinator import DroppableLock
+from hetpipe_tf.pipeline.workers import Loop
+from hetpipe_tf.ps.lost_workers import DroppableLock
 
 
 
@@ -150,7 +150,7 @@ class HetSeqExecutor(ThreadedExecutor):
         self.completed = 0
         self._run = 0
         self._run_open = False
-        self._running = 0           # share tasks queued or being worked on
+        self._outstanding = 0       # share tasks queued or being worked on
         self._current: _Step | None = None
         self._closed = False
         self._error: BaseException | None = None
@@ -165,16 +165,9 @@ class HetSeqExecutor(ThreadedExecutor):
         # measured time / its factor): each share takes the time they predict for it.
         self.emulate_speeds = None
         self._sum_fn = compiled_method(self._sum_impl, reduce_retracing=True)
-        self._queues = [queue.Queue() for _ in self.stages]
-        self._threads = [threading.Thread(target=self._worker, args=(k,), daemon=True,
-                                          name=f"hetpipe-hetseq-{k}")
-                         for k in range(len(self.stages))]
-        for t in self._threads:
-            t.start()
-
-    @property
-    def thread_ids(self) -> set[int]:
-        return {t.ident for t in self._threads}
+        self._start_workers([Loop(f"hetpipe-hetseq-{k}", functools.partial(self._work, k),
+                                  functools.partial(self._where, k), self._done, scoped=False)
+                             for k in range(len(self.stages))])
 
     @property
     def in_flight(self) -> int:
@@ -211,7 +204,7 @@ class HetSeqExecutor(ThreadedExecutor):
             weights = self._share_weights(n, sizes)
             for k in active:
                 a, b = offsets[k], offsets[k + 1]
-                self._running += 1
+                self._outstanding += 1
                 self._queues[k].put((step, k == active[0], tvals, nvals, svals,
                                      [x[a:b] for x in inputs], _rows(y, a, b),
                                      _rows(sample_weight, a, b), weights[k]))
@@ -223,17 +216,10 @@ class HetSeqExecutor(ThreadedExecutor):
                 self._weights[key] = [tf.constant(m / n, tf.float32) for m in sizes]
         return self._weights[key]
 
-    def drain(self) -> None:
-        with self._cond:
-            while self.completed < self.submitted and self._error is None:
-                self._cond.wait()
-            self._raise_if_failed()
-        self._end_run()
-
     def abort(self) -> None:
         with self._cond:
             self._run += 1
-            while self._running:
+            while self._outstanding:
                 self._cond.wait(0.05)
             self.dropped += self.submitted - self.completed
             self.submitted = self.completed
@@ -243,27 +229,15 @@ class HetSeqExecutor(ThreadedExecutor):
         self._end_run()
 
     # --- device threads -----------------------------------------------------------------
-    def _worker(self, k: int) -> None:
-        q = self._queues[k]
-        while True:
-            item = q.get()
-            if item is STOP:
-                return
-            step = item[0]
-            try:
-                if self._error is None and step.run == self._run:
-                    self._share(k, *item)
-            except BaseException as e:  # noqa: BLE001 - re-raised by submit/drain
-                e.add_note(f"hetpipe_tf: raised by HetSeq device {k} "
-                           f"({self.stages[k].device}), step {step.p}.")
-                with self._cond:
-                    if self._error is None:
-                        self._error = e
-                    self._cond.notify_all()
-            finally:
-                with self._cond:
-                    self._running -= 1
-                    self._cond.notify_all()
+    def _work(self, k: int, item: tuple) -> None:
+        if self._error is None and item[0].run == self._run:
+            self._share(k, *item)
+
+    def _where(self, k: int, item: tuple) -> str:
+        return f"HetSeq device {k} ({self.stages[k].device}), step {item[0].p}"
+
+    def _note(self, where: str) -> str:
+        return f"hetpipe_tf: raised by {where}."
 
     def _share(self, k, step, first, tvals, nvals, svals, inputs, y, sw, weight) -> None:
         stage = self.stages[k]

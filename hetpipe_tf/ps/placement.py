@@ -30,6 +30,7 @@ import enum
 import types
 from typing import Any, Mapping, NamedTuple, Sequence
 
+from hetpipe_tf._args import parse_enum
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.partitioner.plan import Plan
 
@@ -46,15 +47,9 @@ class PlacementPolicy(enum.Enum):
 
     @classmethod
     def parse(cls, value: "str | PlacementPolicy") -> "PlacementPolicy":
-        """The policy for a flag value: "default", "ed_local" or "ed-local"."""
-        if isinstance(value, cls):
-            return value
-        key = str(value).strip().lower().replace("-", "_")
-        for p in cls:
-            if p.value == key:
-                return p
-        raise PlacementError(f"Unknown placement policy. Received: placement={value!r}; "
-                             f"use one of {[p.value for p in cls]}.")
+        """The policy for a flag value: "default", "ed_local" or "ed-local" (any case)."""
+        return parse_enum(cls, value, arg="placement", what="placement policy",
+                          error=PlacementError)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.core import wsp
 from hetpipe_tf.pipeline import transport
 from hetpipe_tf.pipeline.compiled import compiled_method
@@ -132,9 +133,7 @@ class ParameterServers:
         if len(initial) != len(devices):
             raise ValueError(f"One device per variable is needed. Received: {len(initial)} "
                              f"variables, {len(devices)} devices.")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be an int >= 1. Received: "
-                             f"num_workers={num_workers!r}.")
+        check_int("num_workers", num_workers, minimum=1)
         names = list(names) if names is not None else [f"w{i}" for i in range(len(initial))]
         self.variables = []
         with tf.init_scope():

@@ -27,7 +27,7 @@ from typing import Callable
 
 import keras
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf import _shim as _keras_shim
 from hetpipe_tf._args import check_int
 
 __all__ = ["averaging_scale", "scale_learning_rate", "averaging_adjustment"]

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf import _shim as _keras_shim
 from hetpipe_tf.cluster.roles import connected_to_cluster
 from hetpipe_tf.partitioner.input_shapes import input_shapes_set, set_input_shapes
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime

@@ -27,7 +27,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf import _shim as _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.strategy.build import (Training, build_training, changed_without_compile,

@@ -20,7 +20,7 @@ import time
 
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf import _shim as _keras_shim
 from hetpipe_tf.pipeline.executor import thread_scope
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.runtime import PipelineError

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf import _shim as _keras_shim
 
 
 def _slots(optimizer) -> list:

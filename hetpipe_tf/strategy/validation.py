@@ -10,7 +10,7 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf import _shim as _keras_shim
 from hetpipe_tf._args import check_int
 from hetpipe_tf.pipeline.program import check_shared_layers_kept_together
 

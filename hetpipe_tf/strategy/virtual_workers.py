@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf import _shim as _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.partitioner.shares import Shares

@@ -7,12 +7,8 @@ import sys
 
 import pytest
 
-from hetpipe_tf.cluster.local import (
-    configure_logical_devices,
-    local_cluster,
-    relative_speed_factors,
-)
-from hetpipe_tf.cluster.spec import Cluster
+from hetpipe_tf.cluster.local import configure_logical_devices, relative_speed_factors
+from hetpipe_tf.cluster.spec import Cluster, local_cluster
 
 GIB = 2**30
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]

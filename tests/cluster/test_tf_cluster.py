@@ -11,7 +11,7 @@ from hetpipe_tf.cluster.spec import (
     PCIE3_X16_BANDWIDTH,
     Cluster,
 )
-from hetpipe_tf.cluster.tf_cluster import cluster_from_tf_cluster_spec, cluster_from_tf_config
+from hetpipe_tf.cluster.spec import cluster_from_tf_cluster_spec, cluster_from_tf_config
 
 GIB = 2**30
 TF_SPEC = {

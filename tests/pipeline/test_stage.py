@@ -1,5 +1,5 @@
 """A non-last stage's tape path: `Stage.forward` watches its weight version and inputs with
-`_keras_shim.watch_flat` and `Stage.backward` differentiates with `gradient_flat` (the
+`tf_eager.watch_flat` and `Stage.backward` differentiates with `gradient_flat` (the
 tape's C++ path without GradientTape's per-tensor Python). Both must give exactly what
 GradientTape.watch / GradientTape.gradient give, unconnected sources and other dtypes
 included, and keep the tape's one-use rule."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim
+from hetpipe_tf._shim import tf_eager
 
 
 @tf.function
@@ -41,8 +41,8 @@ def test_flat_path_equals_gradient_tape():
     tape, (out, extra, half) = _forward(lambda t, v: t.watch(v), values)
     want = tape.gradient([out, extra, half], values, output_gradients=[g_out, one, g_half])
 
-    tape, (out, extra, half) = _forward(_keras_shim.watch_flat, values)
-    got = _keras_shim.gradient_flat(tape, [out, extra, half], values, [g_out, one, g_half])
+    tape, (out, extra, half) = _forward(tf_eager.watch_flat, values)
+    got = tf_eager.gradient_flat(tape, [out, extra, half], values, [g_out, one, g_half])
 
     assert len(got) == len(want) == 4
     assert want[2] is None and got[2] is None          # `unused` is not connected
@@ -55,26 +55,26 @@ def test_flat_gradient_keeps_the_tapes_rules():
     values = _values(2)
     tape = tf.GradientTape(watch_accessed_variables=False)
     with tape:
-        _keras_shim.watch_flat(tape, values)
+        tf_eager.watch_flat(tape, values)
         out, extra, _ = _stage(*values)
         with pytest.raises(RuntimeError, match="stopped recording"):
-            _keras_shim.gradient_flat(tape, [extra], values, [tf.ones(())])
-    grads = _keras_shim.gradient_flat(tape, [extra], values, [tf.ones(())])
+            tf_eager.gradient_flat(tape, [extra], values, [tf.ones(())])
+    grads = tf_eager.gradient_flat(tape, [extra], values, [tf.ones(())])
     np.testing.assert_allclose(grads[0].numpy(), 2 * values[0].numpy(), rtol=1e-6)
     with pytest.raises(RuntimeError, match="taken already"):
-        _keras_shim.gradient_flat(tape, [extra], values, [tf.ones(())])
+        tf_eager.gradient_flat(tape, [extra], values, [tf.ones(())])
 
 
 def test_flat_path_hands_other_values_to_the_tape_and_refuses_a_persistent_one():
     v = tf.Variable([1.0, 2.0])
     tape = tf.GradientTape(watch_accessed_variables=False)
     with tape:
-        _keras_shim.watch_flat(tape, [v])               # a variable: tape.watch's way
+        tf_eager.watch_flat(tape, [v])               # a variable: tape.watch's way
         y = tf.reduce_sum(v * v)
-    (g,) = _keras_shim.gradient_flat(tape, [y], [v], [tf.ones(())])
+    (g,) = tf_eager.gradient_flat(tape, [y], [v], [tf.ones(())])
     np.testing.assert_array_equal(g.numpy(), [2.0, 4.0])
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(v)
         y = tf.reduce_sum(v)
     with pytest.raises(ValueError, match="non-persistent"):
-        _keras_shim.gradient_flat(tape, [y], [v], [tf.ones(())])
+        tf_eager.gradient_flat(tape, [y], [v], [tf.ones(())])

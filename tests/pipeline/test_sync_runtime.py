@@ -12,7 +12,7 @@ import tensorflow as tf
 from hetpipe_tf.core.sync_schedule import ActionKind, Schedule
 from hetpipe_tf.pipeline.program import Program
 from hetpipe_tf.pipeline.stage import Stage
-from hetpipe_tf.pipeline.sync_runtime import SyncPipelineRuntime, split_sizes
+from hetpipe_tf.pipeline.sync_runtime import SyncPipelineRuntime
 from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.strategy.plans import even_plan
 from tests.strategy.helpers import DEVICES, assert_weights_close, regression_data, skip_model
@@ -104,12 +104,6 @@ def test_each_stage_runs_its_action_list(schedule):
             assert tuple(ran) == rt.actions_for(3)[j]
     # Traced micro-batches are numbered globally: (p - 1) * M + m + 1.
     assert {e.task.minibatch for e in rt.trace} == set(range(1, 7))
-
-
-def test_split_sizes():
-    assert split_sizes(16, 4) == [4, 4, 4, 4]
-    assert split_sizes(6, 4) == [2, 2, 1, 1]
-    assert split_sizes(3, 4) == [1, 1, 1]
 
 
 def _bn_model():

@@ -52,7 +52,7 @@ class _On:
 
 
 def test_only_tensors_of_other_remote_tasks_are_waited_for(monkeypatch):
-    monkeypatch.setattr(transport.keras_shim, "host_task",
+    monkeypatch.setattr(transport.tf_executors, "host_task",
                         lambda: "/job:chief/replica:0/task:0")
     w0 = "/job:worker/replica:0/task:0/device:CPU:0"
     same, here = _On(w0), _On("/job:chief/replica:0/task:0/device:CPU:0")

@@ -27,7 +27,7 @@ def main() -> None:
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(args["inter_op"])
-    from hetpipe_tf import _keras_shim
+    from hetpipe_tf._shim import tf_executors
     from hetpipe_tf.cluster.roles import dispatch
 
     dispatch(None, 120.0, env={"TF_CONFIG": json.dumps(
@@ -56,7 +56,7 @@ def main() -> None:
     go = {"task": threading.Event(), "chief": threading.Event()}
 
     def add(x, where):
-        with _keras_shim.own_executor():
+        with tf_executors.own_executor():
             with tf.device(w0):   # the add kernel cached before the freeze, as in a fit
                 warm = square(tf.constant(2.0))
             if where == "task":
@@ -84,7 +84,7 @@ def main() -> None:
         done = {}
 
         def other_vw():
-            with _keras_shim.own_executor():
+            with tf_executors.own_executor():
                 with tf.device(w1):
                     done["value"] = float(update(tf.constant(1.0)).numpy())
 

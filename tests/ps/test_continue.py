@@ -165,7 +165,7 @@ def test_coordinator_goes_on_without_a_dropped_vw(caplog):
         coord.drain()
         assert sorted(rts[0].taken + rts[1].taken) == list(range(8))
         rts[1].hang.set()   # frozen: every later call on VW 1 blocks
-        with caplog.at_level(logging.WARNING, logger="hetpipe_tf.ps.coordinator"):
+        with caplog.at_level(logging.WARNING, logger="hetpipe_tf.ps.lost_workers"):
             assert coord.drop_lost(_lost()) is True
         text = caplog.text
         assert "worker:1 at 127.0.0.1:5555" in text and "virtual worker(s) [1]" in text
@@ -367,10 +367,10 @@ def test_leaving_own_executor_does_not_wait_for_the_previous_executor():
     """The chief's other hang under SIGSTOP: TensorFlow's `executor_scope` waits at exit for
     every op pending in the thread's previous executor (the process's default one, where a
     remote op for a frozen task never ends), so a guarded call never returned.
-    `_keras_shim.own_executor` leaves without that wait; its own ops still ran in it."""
+    `tf_executors.own_executor` leaves without that wait; its own ops still ran in it."""
     from tensorflow.python.eager import context, executor   # a previous executor that waits
 
-    from hetpipe_tf import _keras_shim
+    from hetpipe_tf._shim import tf_executors
 
     release = threading.Event()
 
@@ -383,7 +383,7 @@ def test_leaving_own_executor_does_not_wait_for_the_previous_executor():
     def thread() -> None:
         with context.executor_scope(executor.new_executor(enable_async=True)):
             tf.py_function(frozen_op, [tf.ones([1])], Tout=tf.float32)   # pending
-            with _keras_shim.own_executor() as own:
+            with tf_executors.own_executor() as own:
                 ran.append(float((tf.ones([1]) + 1.0).numpy()[0]))
                 ran.append(own.is_async())
             left.set()

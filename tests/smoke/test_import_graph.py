@@ -27,7 +27,7 @@ ALLOWED = {
     "observe": {"core", "cluster", "partitioner", "pipeline", "ps", "strategy"},
     "sim": {"core", "cluster", "partitioner", "ps"},
 }
-TOP_LEVEL = {"_keras_shim", "_args", "models", "launch"}   # modules directly under hetpipe_tf/
+TOP_LEVEL = {"_shim", "_args", "models", "launch"}   # modules directly under hetpipe_tf/
 
 
 def _imports(path: pathlib.Path) -> set[str]:

@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from hetpipe_tf import _keras_shim as keras_shim
+from hetpipe_tf import _shim as keras_shim
 from hetpipe_tf.strategy import HetPipeStrategy, StageSpec, manual_plan
 from hetpipe_tf.pipeline.program import Program
 from hetpipe_tf.pipeline.stage import Stage

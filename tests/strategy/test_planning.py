@@ -3,7 +3,7 @@
 import pytest
 import tensorflow as tf
 
-from hetpipe_tf.cluster.local import local_cluster
+from hetpipe_tf.cluster.spec import local_cluster
 from hetpipe_tf.strategy.planning import resolve_cluster
 
 

@@ -1,0 +1,39 @@
+"""Tests of hetpipe_tf.pipeline.workers: owned threads, errors forwarded as raised."""
+
+import threading
+
+from hetpipe_tf.pipeline.workers import Loop, Workers
+
+
+class _Boom(KeyError):
+    pass
+
+
+def test_threads_run_their_items_forward_errors_with_their_type_and_are_joined():
+    seen, done, failed = [], [], []
+    finished = threading.Semaphore(0)
+
+    def run(item):
+        if item == "bad":
+            raise _Boom(item)
+        seen.append((threading.current_thread().name, item))
+
+    def after(item):
+        done.append(item)
+        finished.release()
+
+    workers = Workers([Loop("t-0", run, lambda item: f"thread 0 ({item})", after, False),
+                       Loop("t-1", run, lambda item: f"thread 1 ({item})", after, False)],
+                      lambda e, where: failed.append((e, where)))
+    assert len(workers.ids) == 2 and all(t.daemon for t in workers.threads)
+    workers.queues[0].put("a")
+    workers.queues[1].put("bad")
+    workers.queues[1].put("b")
+    for _ in range(3):
+        assert finished.acquire(timeout=30)
+    assert sorted(seen) == [("t-0", "a"), ("t-1", "b")]
+    assert sorted(done) == ["a", "b", "bad"]          # after each item, raised or not
+    (error, where), = failed
+    assert type(error) is _Boom and where == "thread 1 (bad)"
+    workers.close()
+    assert not any(t.is_alive() for t in workers.threads)

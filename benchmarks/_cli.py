@@ -1,5 +1,5 @@
-"""What the binaries of benchmarks/ share: how they end on bad input, --cluster and
---compensation.
+"""What the binaries of benchmarks/ share: how they end on bad input, --cluster,
+--compensation, TensorFlow's thread pools and Markdown tables.
 
 `run(main)` is absl's `app.run(main)`, except that an error of the user's making ends the
 process with one line on stderr and a non-zero exit, without a traceback and without the
@@ -95,6 +95,19 @@ def compensation(flag: flags.FlagHolder):
             "--compensation must name a hetpipe_tf Compensation. Received: "
             f"--compensation={flag.value}; use one of "
             f"{', '.join(c.value for c in Compensation)}.") from None
+
+
+def op_threads(intra: int, inter: int) -> None:
+    """Sets TensorFlow's intra- and inter-op thread pools the binary's figures are measured
+    with (before its first op). In a process whose TensorFlow already runs, e.g. a test
+    calling the binary's main, the pools cannot change and stay as they are."""
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:   # "cannot be modified after initialization"
+        pass
 
 
 def markdown_table(rows: list[tuple[str, ...]]) -> str:

@@ -97,16 +97,6 @@ def _model():
                               num_classes=_NUM_CLASSES.value)
 
 
-def _dataset(tf, model):
-    shape = tuple(model.inputs[0].shape[1:])
-    n = _BATCH_SIZE.value * 4
-    x = tf.random.stateless_normal((n, *shape), seed=(1, 2))
-    y = tf.random.stateless_uniform((n,), seed=(3, 4), maxval=_NUM_CLASSES.value,
-                                    dtype=tf.int32)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(
-        _BATCH_SIZE.value, drop_remainder=True).repeat()
-
-
 def _compiled(keras, scope):
     with scope:
         model = _model()
@@ -187,7 +177,7 @@ def main(argv: list[str]) -> None:
     fitted = {}
     for name, strategy in rows.items():
         model = _compiled(keras, strategy.scope())
-        ds = _dataset(tf, model)
+        ds = models.random_inputs(model, _BATCH_SIZE.value, _NUM_CLASSES.value)
         print(f"\n{name}: first step (tracing; the shares are printed)")
         model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0)
         fitted[name] = (model, ds)

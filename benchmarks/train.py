@@ -85,35 +85,6 @@ def _check_layout(values: dict) -> bool:
             and n % values["hosts"] == 0 and n % values["virtual_workers"] == 0)
 
 
-def make_data(n: int, seed: int = 0):
-    """Four interleaved spirals in 2-D, lifted to 16 features."""
-    import numpy as np
-
-    rs = np.random.RandomState(seed)
-    classes = rs.randint(0, 4, n)
-    t = rs.rand(n) * 3.0 + 0.3
-    angle = t * 2.2 + classes * (np.pi / 2)
-    xy = np.stack([t * np.cos(angle), t * np.sin(angle)], 1) + 0.08 * rs.randn(n, 2)
-    feats = np.concatenate([xy, np.sin(xy * 1.7), np.cos(xy * 1.3), xy ** 2 / 4,
-                            np.sin(xy[:, :1] * xy[:, 1:] * 0.8), rs.randn(n, 7) * 0.1], 1)
-    return feats.astype("float32"), classes.astype("int32")
-
-
-def build_model(width: int = 128, depth: int = 6):
-    """A residual MLP: skip connections that may cross stage cuts."""
-    import keras
-
-    inp = keras.Input((16,), name="features")
-    h = keras.layers.Dense(width, activation="relu", name="dense_in")(inp)
-    for i in range(depth):
-        r = keras.layers.Dense(width, activation="relu", name=f"block{i}_a")(h)
-        r = keras.layers.Dense(width, name=f"block{i}_b")(r)
-        h = keras.layers.Add(name=f"block{i}_add")([h, r])
-        h = keras.layers.Activation("relu", name=f"block{i}_relu")(h)
-    out = keras.layers.Dense(4, activation="softmax", name="classes")(h)
-    return keras.Model(inp, out, name="spiral_resmlp")
-
-
 def make_optimizer(name: str, learning_rate: float):
     import keras
 
@@ -138,12 +109,13 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     from hetpipe_tf import HetPipeStrategy
+    from hetpipe_tf.models import spiral_resmlp, spirals
 
     cluster = Cluster.local(["LOCAL_CPU"] * len(factors), hosts=_HOSTS.value,
                             emulated_speed_factors=factors)
     print(cluster.describe())
-    x, y = make_data(_EXAMPLES.value)
-    xv, yv = make_data(1024, seed=1)
+    x, y = spirals(_EXAMPLES.value)
+    xv, yv = spirals(1024, seed=1)
     train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(
         _BATCH_SIZE.value, drop_remainder=True)
     val = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(256)
@@ -167,7 +139,7 @@ def main(argv: list[str]) -> int:
     print(f"staleness compensation {strategy.extended.compensation.value}"
           + (" (the strategy's default)" if comp is None else ""))
     with strategy.scope():
-        model = build_model()
+        model = spiral_resmlp()
         model.compile(make_optimizer(_OPTIMIZER.value, _LR.value),
                       "sparse_categorical_crossentropy", metrics=["accuracy"])
     try:

@@ -5,7 +5,7 @@ from the binary, docs/memory.md)."""
 import math
 import re
 
-from tests.benchmarks.binaries import run_binary
+from tests.benchmarks.binaries import run_binary, run_main
 
 
 def _rows(stdout):
@@ -16,7 +16,7 @@ def _rows(stdout):
 
 
 def test_memory_benchmark_prints_each_stage_against_the_prediction():
-    proc = run_binary("benchmarks.memory_benchmark", "--stages=2,3", "--nm=2",
+    proc = run_main("benchmarks.memory_benchmark", "--stages=2,3", "--nm=2",
                       "--optimizers=sgd,adam", "--depth=3", "--width=32", "--batch_size=8",
                       "--steps=4")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -49,7 +49,7 @@ def test_memory_benchmark_prints_each_stage_against_the_prediction():
 def test_memory_benchmark_counts_weight_prediction_buffers():
     """--compensation=both: the predictor's d's are sampled as their own term and the
     model charges them (PredictionMemory: N_m copies of the stage's trainable weights)."""
-    proc = run_binary("benchmarks.memory_benchmark", "--stages=2", "--nm=2",
+    proc = run_main("benchmarks.memory_benchmark", "--stages=2", "--nm=2",
                       "--optimizers=sgd", "--depth=3", "--width=32", "--batch_size=8",
                       "--steps=4", "--compensation=both")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -97,6 +97,25 @@ def compensation(flag: flags.FlagHolder):
             f"{', '.join(c.value for c in Compensation)}.") from None
 
 
+def speed_factors_flag(default: list[str], help: str) -> flags.FlagHolder:
+    """Defines --speed_factors, the EMULATED speed factor of each logical CPU device: numbers
+    in (0, 1], at least one (absl refuses anything else at parsing)."""
+    caller = sys._getframe(1).f_globals["__name__"]
+    holder = flags.DEFINE_list("speed_factors", default, help,
+                               module_name=sys.argv[0] if caller == "__main__" else caller)
+    flags.register_validator(
+        "speed_factors", _speed_factors_ok, message="--speed_factors must be numbers in "
+        "(0, 1], one per device, at least one device.")
+    return holder
+
+
+def _speed_factors_ok(values: list[str]) -> bool:
+    try:
+        return bool(values) and all(0 < float(v) <= 1 for v in values)
+    except ValueError:
+        return False
+
+
 def op_threads(intra: int, inter: int) -> None:
     """Sets TensorFlow's intra- and inter-op thread pools the binary's figures are measured
     with (before its first op). In a process whose TensorFlow already runs, e.g. a test

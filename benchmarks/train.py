@@ -29,7 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags, logging  # noqa: E402
 
-from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
+from benchmarks._cli import (  # noqa: E402
+    compensation, compensation_flag, run, speed_factors_flag)
 
 _EPOCHS = flags.DEFINE_integer("epochs", 10, "Training epochs.", lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "Minibatch size.", lower_bound=1)
@@ -39,8 +40,8 @@ _EXAMPLES = flags.DEFINE_integer("examples", 8192, "Generated training examples.
 # clocks, pushes and waits of WSP show, and keeps staleness low enough for plain SGD.
 _NM = flags.DEFINE_integer("nm", 4, "Minibatches in flight per virtual worker; 0 = the "
                            "planner's default (as many as fit in memory).", lower_bound=0)
-_SPEED = flags.DEFINE_list("speed_factors", ["1.0", "1.0", "1.0", "0.5"],
-                           "Emulated speed factor per device (one logical CPU each).")
+_SPEED = speed_factors_flag(["1.0", "1.0", "1.0", "0.5"], "Emulated speed factor per device "
+                            "(one logical CPU each).")
 _HOSTS = flags.DEFINE_integer("hosts", 2, "Emulated hosts the devices are split over, in "
                               "order (all are logical CPUs of this machine; the planner "
                               "and the allocation see the hosts).", lower_bound=1)
@@ -64,15 +65,6 @@ _MIN_ACCURACY = flags.DEFINE_float("min_accuracy", 0.5, "Exit with 1 below this 
 # applies its own updates, so the global weights move about twice per step: Adam at 3e-3
 # diverged, 1e-3 reached 0.88, 5e-4 0.98).
 _DEFAULT_LR = {"adam": 5e-4, "momentum": 0.01, "sgd": 0.05}
-
-
-@flags.validator("speed_factors", message="--speed_factors must be numbers in (0, 1], one "
-                 "per device, at least one device.")
-def _check_speed(values: list[str]) -> bool:
-    try:
-        return bool(values) and all(0 < float(v) <= 1 for v in values)
-    except ValueError:
-        return False
 
 
 @flags.multi_flags_validator(

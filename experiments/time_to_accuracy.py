@@ -41,9 +41,9 @@ compensation's cost per minibatch and stage.
 Tasks: `digits` is scikit-learn's 8x8 digits (load_digits ships inside scikit-learn, no
 download; `pip install -e ".[bench]"`); `spirals` is a generated, harder task: four
 interleaved spirals of two turns lifted to 16 features (hetpipe_tf.models.spirals, as
-benchmarks/train.py's, at --spiral_turns / --spiral_noise), with a residual MLP; plain Keras needs several epochs to
-the target 0.95 (at --spiral_turns=2.2 --spiral_noise=0.08, the earlier task, every row
-reached 0.9 in one or two epochs).
+benchmarks/train.py's, at --spiral_turns / --spiral_noise), with a residual MLP; plain
+Keras needs several epochs to the target 0.95 (at --spiral_turns=2.2 --spiral_noise=0.08,
+train.py's task, every row reaches 0.9 in one or two epochs).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ def test_run_mode_trains_and_reports():
 
 
 def test_run_mode_trains_several_virtual_workers_under_wsp(tmp_path):
-    proc = run_main("benchmarks.hetpipe_benchmark", "--mode=run", "--model=mlp", "--steps=4",
+    proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=run", "--model=mlp", "--steps=4",
                       "--batch_size=16", "--hosts=2", "--devices=LOCAL_CPU,LOCAL_CPU,LOCAL_CPU,"
                       "LOCAL_CPU", "--speed_factors=1,1,0.5,0.5", "--allocation=ED",
                       "--placement=ed_local", "--staleness=1", "--nm=2",

@@ -1,11 +1,12 @@
 """benchmarks/memory_benchmark.py end to end with tiny flags: the table's structure, one
 row per stage and setting, finite positive ratios (no memory assertions: the figures come
-from the binary, docs/memory.md)."""
+from the binary, docs/memory.md). Each run is a process of its own: the figures read
+TensorFlow's process-wide CPU allocator statistics."""
 
 import math
 import re
 
-from tests.benchmarks.binaries import run_binary, run_main
+from tests.benchmarks.binaries import run_binary
 
 
 def _rows(stdout):
@@ -16,7 +17,7 @@ def _rows(stdout):
 
 
 def test_memory_benchmark_prints_each_stage_against_the_prediction():
-    proc = run_main("benchmarks.memory_benchmark", "--stages=2,3", "--nm=2",
+    proc = run_binary("benchmarks.memory_benchmark", "--stages=2,3", "--nm=2",
                       "--optimizers=sgd,adam", "--depth=3", "--width=32", "--batch_size=8",
                       "--steps=4")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -49,7 +50,7 @@ def test_memory_benchmark_prints_each_stage_against_the_prediction():
 def test_memory_benchmark_counts_weight_prediction_buffers():
     """--compensation=both: the predictor's d's are sampled as their own term and the
     model charges them (PredictionMemory: N_m copies of the stage's trainable weights)."""
-    proc = run_main("benchmarks.memory_benchmark", "--stages=2", "--nm=2",
+    proc = run_binary("benchmarks.memory_benchmark", "--stages=2", "--nm=2",
                       "--optimizers=sgd", "--depth=3", "--width=32", "--batch_size=8",
                       "--steps=4", "--compensation=both")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -19,15 +19,17 @@ def make_optimizer(spec: tuple[str, dict]) -> Any:
 
 
 @contextlib.contextmanager
-def compiled(build: Callable[[], Any], optimizer: Any, weights0: list,
+def compiled(build: Callable[[], Any], optimizer: tuple[str, dict], weights0: list,
              strategy: Any = None) -> Iterator[Any]:
-    """A fresh model of `build()`, compiled with `optimizer` (sparse categorical
-    cross-entropy, accuracy) under `strategy` (None: plain Keras) and set to `weights0`,
-    so every setting starts from the same point; the strategy is closed on exit."""
+    """A fresh model of `build()`, compiled with the optimizer `make_optimizer(optimizer)`
+    (sparse categorical cross-entropy, accuracy), both made under `strategy` (None: plain
+    Keras), and set to `weights0`, so every setting starts from the same point; the
+    strategy is closed on exit."""
     try:
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
             model = build()
-            model.compile(optimizer, "sparse_categorical_crossentropy", metrics=["accuracy"])
+            model.compile(make_optimizer(optimizer), "sparse_categorical_crossentropy",
+                          metrics=["accuracy"])
         model.set_weights(weights0)
         yield model
     finally:

@@ -177,7 +177,7 @@ def train(task, opt: str, weights0, epochs: int, strategy=None, seed: int = 0) -
     val = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(256)
     clock = _study.epoch_clock()
     row: dict = {}
-    with _study.compiled(build, _study.make_optimizer(OPTIMIZERS[opt]), weights0,
+    with _study.compiled(build, OPTIMIZERS[opt], weights0,
                          strategy) as model:
         model.fit(ds, validation_data=val, epochs=epochs, verbose=0, callbacks=[clock])
         row["history"] = clock.history

@@ -78,7 +78,7 @@ def _train(name, weights0, train, test, strategy=None) -> dict:
     t0 = time.perf_counter()
     row: dict = {}
     try:
-        with _study.compiled(_build_model, _study.make_optimizer(OPTIMIZERS[name]),
+        with _study.compiled(_build_model, OPTIMIZERS[name],
                              weights0, strategy) as model:
             model.fit(train(), epochs=_EPOCHS.value, shuffle=False, verbose=0)
             row["accuracy"] = model.evaluate(*test, verbose=0)[1]

@@ -1,5 +1,5 @@
-"""What the binaries of benchmarks/ share: how they end on bad input, --cluster and
---compensation.
+"""What the binaries of benchmarks/ share: how they end on bad input, --cluster,
+--compensation, TensorFlow's thread pools and Markdown tables.
 
 `run(main)` is absl's `app.run(main)`, except that an error of the user's making ends the
 process with one line on stderr and a non-zero exit, without a traceback and without the
@@ -90,6 +90,38 @@ def compensation(flag: flags.FlagHolder):
             "--compensation must name a hetpipe_tf Compensation. Received: "
             f"--compensation={flag.value}; use one of "
             f"{', '.join(PRESET_NAMES)}.") from None
+
+
+def speed_factors_flag(default: list[str], help: str) -> flags.FlagHolder:
+    """Defines --speed_factors, the EMULATED speed factor of each logical CPU device: numbers
+    in (0, 1], at least one (absl refuses anything else at parsing)."""
+    caller = sys._getframe(1).f_globals["__name__"]
+    holder = flags.DEFINE_list("speed_factors", default, help,
+                               module_name=sys.argv[0] if caller == "__main__" else caller)
+    flags.register_validator(
+        "speed_factors", _speed_factors_ok, message="--speed_factors must be numbers in "
+        "(0, 1], one per device, at least one device.")
+    return holder
+
+
+def _speed_factors_ok(values: list[str]) -> bool:
+    try:
+        return bool(values) and all(0 < float(v) <= 1 for v in values)
+    except ValueError:
+        return False
+
+
+def op_threads(intra: int, inter: int) -> None:
+    """Sets TensorFlow's intra- and inter-op thread pools the binary's figures are measured
+    with (before its first op). In a process whose TensorFlow already runs, e.g. a test
+    calling the binary's main, the pools cannot change and stay as they are."""
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:   # "cannot be modified after initialization"
+        pass
 
 
 def markdown_table(rows: list[tuple[str, ...]]) -> str:

@@ -55,7 +55,7 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks._cli import run  # noqa: E402
+from benchmarks._cli import run, speed_factors_flag  # noqa: E402
 from hetpipe_tf import models  # noqa: E402
 
 _MODEL = flags.DEFINE_enum("model", "small_cnn", models.MODEL_NAMES, "Model.")
@@ -63,8 +63,8 @@ _INPUT_SIZE = flags.DEFINE_integer("input_size", 0, "Features of mlp / image sid
                                    "model's default.", lower_bound=0)
 _NUM_CLASSES = flags.DEFINE_integer("num_classes", 10, "Output classes.", lower_bound=2)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Global batch size.", lower_bound=1)
-_SPEED = flags.DEFINE_list("speed_factors", ["1", "1", "1", "0.5"],
-                           "EMULATED speed factor per logical CPU device (1 = real speed).")
+_SPEED = speed_factors_flag(["1", "1", "1", "0.5"], "EMULATED speed factor per logical CPU "
+                            "device (1 = real speed).")
 _BASE = flags.DEFINE_float(
     "base_speed", 0.5, "Every device's EMULATED speed is base_speed x its --speed_factors "
     "entry, so that even the fast devices' emulated time exceeds their real work (which "
@@ -84,27 +84,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed fits per row (best kept).",
                                 lower_bound=1)
 
 
-@flags.validator("speed_factors", message="--speed_factors must be numbers in (0, 1].")
-def _check_speed(values: list[str]) -> bool:
-    try:
-        return all(0 < float(v) <= 1 for v in values)
-    except ValueError:
-        return False
-
-
 def _model():
     return models.build_model(_MODEL.value, input_size=_INPUT_SIZE.value or None,
                               num_classes=_NUM_CLASSES.value)
-
-
-def _dataset(tf, model):
-    shape = tuple(model.inputs[0].shape[1:])
-    n = _BATCH_SIZE.value * 4
-    x = tf.random.stateless_normal((n, *shape), seed=(1, 2))
-    y = tf.random.stateless_uniform((n,), seed=(3, 4), maxval=_NUM_CLASSES.value,
-                                    dtype=tf.int32)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(
-        _BATCH_SIZE.value, drop_remainder=True).repeat()
 
 
 def _compiled(keras, scope):
@@ -187,7 +169,7 @@ def main(argv: list[str]) -> None:
     fitted = {}
     for name, strategy in rows.items():
         model = _compiled(keras, strategy.scope())
-        ds = _dataset(tf, model)
+        ds = models.random_inputs(model, _BATCH_SIZE.value, _NUM_CLASSES.value)
         print(f"\n{name}: first step (tracing; the shares are printed)")
         model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0)
         fitted[name] = (model, ds)

@@ -60,8 +60,7 @@ import weakref  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks import _cli  # noqa: E402
-from benchmarks._cli import markdown_table, run  # noqa: E402
-from benchmarks._workloads import dense_stack, random_features  # noqa: E402
+from benchmarks._cli import markdown_table, op_threads, run  # noqa: E402
 
 _STAGES = flags.DEFINE_list("stages", ["2", "4"], "Pipeline stages (logical CPU devices).")
 _NM = flags.DEFINE_list("nm", ["1", "2", "4"], "N_m values (minibatches in flight).")
@@ -84,11 +83,13 @@ MIB = 2**20
 
 
 def _build(keras, name: str):
-    return dense_stack(keras, name, _DEPTH.value, _WIDTH.value)
+    from hetpipe_tf.models import dense_stack
+    return dense_stack(_DEPTH.value, _WIDTH.value, name)
 
 
 def _dataset(tf, np):
-    return random_features(tf, np, _WIDTH.value, _BATCH_SIZE.value, batches=4)
+    from hetpipe_tf.models import random_features
+    return random_features(_WIDTH.value, _BATCH_SIZE.value, batches=4)
 
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -343,8 +344,7 @@ def main(argv: list[str]) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(max(stages) + 2)
+    op_threads(1, max(stages) + 2)
     from hetpipe_tf.partitioner.profiling import profile_model
     compensation = _cli.compensation(_COMPENSATION)
     if compensation is None:   # "": the memory model needs the compensation by name

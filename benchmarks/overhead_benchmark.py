@@ -39,9 +39,8 @@ from typing import Callable  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
-from benchmarks._workloads import (  # noqa: E402
-    dense_stack, random_features, seconds_at_once)
+from benchmarks._cli import compensation, compensation_flag, op_threads, run  # noqa: E402
+from benchmarks._timing import seconds_at_once  # noqa: E402
 
 _STEPS = flags.DEFINE_integer("steps", 40, "Timed minibatches per epoch.", lower_bound=1)
 _WARMUP = flags.DEFINE_integer("warmup_steps", 5, "Minibatches of the untimed warm-up epoch.",
@@ -122,35 +121,39 @@ def _compile(keras, model) -> None:
 
 
 def _plain(keras, tf, ds, device: str, depth: int, width: int) -> _Setting:
+    from hetpipe_tf.models import dense_stack
     keras.utils.set_random_seed(0)
     with tf.device(device):
-        model = dense_stack(keras, "plain", depth, width)
+        model = dense_stack(depth, width, "plain")
         _compile(keras, model)
     return _fit_setting("plain Keras fit", model, ds)
 
 
 def _strategy(keras, ds, name: str, depth: int, width: int, plans, **kwargs) -> _Setting:
+    from hetpipe_tf.models import dense_stack
     from hetpipe_tf.strategy import HetPipeStrategy
     keras.utils.set_random_seed(0)
     strategy = HetPipeStrategy(plan=plans, compensation=compensation(_COMPENSATION), **kwargs)
     with strategy.scope():
-        model = dense_stack(keras, "pipelined", depth, width)
+        model = dense_stack(depth, width, "pipelined")
         _compile(keras, model)
     return _fit_setting(name, model, ds, strategy.close)
 
 
 def _even(keras, depth: int, width: int, devices: list[str], n_m: int):
+    from hetpipe_tf.models import dense_stack
     from hetpipe_tf.strategy import even_plan
-    return even_plan(dense_stack(keras, "pipelined", depth, width), devices, n_m=n_m)
+    return even_plan(dense_stack(depth, width, "pipelined"), devices, n_m=n_m)
 
 
 def _ceiling(tf, keras, devices: list[str], depth: int, width: int, batch: int):
     """(one, two): settings timing one compiled full training step on device 0, and two
     copies at once (one per device, on two threads)."""
+    from hetpipe_tf.models import dense_stack
     steps = []
     for d in devices:
         with tf.device(d):
-            model = dense_stack(keras, "copy", depth, width)
+            model = dense_stack(depth, width, "copy")
             opt = keras.optimizers.SGD(1e-3)
             opt.build(model.trainable_variables)
             x = tf.random.normal((batch, width))
@@ -184,8 +187,9 @@ def _ceiling(tf, keras, devices: list[str], depth: int, width: int, batch: int):
 
 
 def _small(tf, keras, np, devices) -> None:
+    from hetpipe_tf.models import random_features
     depth, width, batch = _SMALL_DEPTH.value, _SMALL_WIDTH.value, _SMALL_BATCH.value
-    ds = random_features(tf, np, width, batch, batches=8)
+    ds = random_features(width, batch, batches=8)
     print(f"\n[small] {depth} x Dense({width}) + Dense(10), batch {batch}")
     plain = _plain(keras, tf, ds, devices[0], depth, width)
     settings = [plain]
@@ -212,8 +216,9 @@ def _small(tf, keras, np, devices) -> None:
 
 
 def _large(tf, keras, np, devices) -> float:
+    from hetpipe_tf.models import dense_stack, random_features
     depth, width, batch = _LARGE_DEPTH.value, _LARGE_WIDTH.value, _LARGE_BATCH.value
-    ds = random_features(tf, np, width, batch, batches=8)
+    ds = random_features(width, batch, batches=8)
     print(f"\n[large] {depth} x Dense({width}) + Dense(10), batch {batch}")
     one, two = _ceiling(tf, keras, devices[:2], depth, width, batch)
     plain = _plain(keras, tf, ds, devices[0], depth, width)
@@ -225,7 +230,7 @@ def _large(tf, keras, np, devices) -> float:
                 f"--large_splits puts layers on stage 0 of a {layers}-layer model, so each "
                 f"must be below {layers}. Received: {k}; e.g. --large_splits={layers // 2}.")
     pipes = [_strategy(keras, ds, f"2 stages {k}+{layers - int(k)}, N_m={n}", depth, width,
-                       manual_plan(dense_stack(keras, "pipelined", depth, width),
+                       manual_plan(dense_stack(depth, width, "pipelined"),
                                    [(devices[0], int(k)), (devices[1], layers - int(k))],
                                    n_m=int(n)))
              for k in _LARGE_SPLITS.value for n in _LARGE_NM.value]
@@ -251,19 +256,20 @@ def _large(tf, keras, np, devices) -> float:
 
 
 def _vw(tf, keras, np, devices) -> None:
+    from hetpipe_tf.models import dense_stack, random_features
     from hetpipe_tf.strategy import even_plan
     depth, width, batch = _LARGE_DEPTH.value, _LARGE_WIDTH.value, _LARGE_BATCH.value
-    ds = random_features(tf, np, width, batch, batches=8)
+    ds = random_features(width, batch, batches=8)
     print(f"\n[vw] {depth} x Dense({width}) + Dense(10), batch {batch}")
     plain = _plain(keras, tf, ds, devices[0], depth, width)
-    model = dense_stack(keras, "pipelined", depth, width)
+    model = dense_stack(depth, width, "pipelined")
     plans = [even_plan(model, [d], n_m=1) for d in devices[:2]]
     vws = _strategy(keras, ds, "2 VWs x 1 stage, D=0", depth, width, plans, clock_distance=0)
     tf.get_logger().setLevel("ERROR")   # MirroredStrategy logs every reduction at INFO
     keras.utils.set_random_seed(0)
     mirrored = tf.distribute.MirroredStrategy(devices[:2])
     with mirrored.scope():
-        mmodel = dense_stack(keras, "mirrored", depth, width)
+        mmodel = dense_stack(depth, width, "mirrored")
         _compile(keras, mmodel)
     mirror = _fit_setting("MirroredStrategy", mmodel, ds)
     settings = [plain, vws, mirror]
@@ -290,8 +296,7 @@ def main(argv: list[str]) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(6)
+    op_threads(1, 6)
     from hetpipe_tf.cluster.spec import Cluster
     devices = [d.tf_device for d in Cluster.local(["LOCAL_CPU"] * 4).devices]
     print(f"Logical CPU devices on this machine's cores, 1 intra-op thread; {_STEPS.value} "

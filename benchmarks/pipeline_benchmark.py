@@ -28,9 +28,8 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
-from benchmarks._workloads import (  # noqa: E402
-    dense_stack, random_features, seconds_at_once)
+from benchmarks._cli import compensation, compensation_flag, op_threads, run  # noqa: E402
+from benchmarks._timing import best_rate, seconds_at_once  # noqa: E402
 
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed minibatches per measurement.", lower_bound=1)
 _WARMUP = flags.DEFINE_integer("warmup_steps", 5, "Minibatches of the untimed warm-up epoch.",
@@ -52,23 +51,19 @@ flags.register_validator("parts", lambda v: set(v) <= {"1", "2", "3"},
 
 
 def _build(keras, name: str):
-    return dense_stack(keras, name, _DEPTH.value, _WIDTH.value)
+    from hetpipe_tf.models import dense_stack
+    return dense_stack(_DEPTH.value, _WIDTH.value, name)
 
 
 def _dataset(tf, np):
-    return random_features(tf, np, _WIDTH.value, _BATCH_SIZE.value, batches=8)
+    from hetpipe_tf.models import random_features
+    return random_features(_WIDTH.value, _BATCH_SIZE.value, batches=8)
 
 
 def _throughput(model, ds) -> float:
-    """Best samples/s of --repeats timed epochs: on this VM an epoch now and then stalls for
-    seconds (plain Keras fit too), so the fastest epoch is the repeatable figure."""
-    model.fit(ds, epochs=1, steps_per_epoch=_WARMUP.value, verbose=0)
-    rates = []
-    for _ in range(_REPEATS.value):
-        start = time.perf_counter()
-        model.fit(ds, epochs=1, steps_per_epoch=_STEPS.value, verbose=0)
-        rates.append(_STEPS.value * _BATCH_SIZE.value / (time.perf_counter() - start))
-    return max(rates)
+    """Best samples/s of --repeats timed epochs of --steps after a --warmup_steps epoch."""
+    return best_rate(model, ds, _STEPS.value, _BATCH_SIZE.value, _REPEATS.value,
+                     _WARMUP.value)
 
 
 def _strategy_throughput(keras, ds, plan) -> float:
@@ -121,8 +116,7 @@ def main(argv: list[str]) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(4)
+    op_threads(1, 4)
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.partitioner.planner import plan_model
     from hetpipe_tf.strategy import even_plan

@@ -40,13 +40,12 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import logging  # noqa: E402
-import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
 from benchmarks._cli import (  # noqa: E402
-    compensation, compensation_flag, markdown_table, run)
-from benchmarks._workloads import dense_stack, random_features  # noqa: E402
+    compensation, compensation_flag, markdown_table, op_threads, run)
+from benchmarks._timing import best_rate  # noqa: E402
 
 _STAGES = flags.DEFINE_list("stages", ["2", "4"], "Pipeline stages K of parts 1 and 2.")
 _MICRO = flags.DEFINE_list("micro_batches", ["1", "2", "4", "8"], "M values.")
@@ -73,7 +72,8 @@ flags.register_validator("parts", lambda v: set(v) <= {"1", "2", "3"},
 
 
 def _build(keras):
-    return dense_stack(keras, "stack", _DEPTH.value, _WIDTH.value)
+    from hetpipe_tf.models import dense_stack
+    return dense_stack(_DEPTH.value, _WIDTH.value, "stack")
 
 
 def _fit(keras, ds, k, factor, schedule, m, remat=False, n_m=None):
@@ -116,12 +116,7 @@ def _bubbles(rt, first: int, k: int, m: int):
 
 
 def _throughput(model, ds) -> float:
-    rates = []
-    for _ in range(_REPEATS.value):
-        start = time.perf_counter()
-        model.fit(ds, epochs=1, steps_per_epoch=_STEPS.value, verbose=0)
-        rates.append(_STEPS.value * _BATCH.value / (time.perf_counter() - start))
-    return max(rates)
+    return best_rate(model, ds, _STEPS.value, _BATCH.value, _REPEATS.value)
 
 
 def _part1(keras, ds, stages, micro) -> None:
@@ -232,6 +227,7 @@ def _accounted(tf, rt, x, y, m: int) -> list[int]:
 
 
 def _part3(tf, np, keras, m) -> None:
+    from hetpipe_tf.models import random_features
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.core.sync_schedule import Schedule
     from hetpipe_tf.partitioner.cost import CostModel, SyncMemory
@@ -239,7 +235,7 @@ def _part3(tf, np, keras, m) -> None:
     print(f"\n3. Memory per stage, 2 stages, M={m}, batch {_MEM_BATCH.value}, real speed: an "
           "ACCOUNTING of each stage's buffers (lone tasks measured with TF's CPU allocator) "
           "vs the planner's prediction.")
-    ds = random_features(tf, np, _WIDTH.value, _MEM_BATCH.value, batches=2)
+    ds = random_features(_WIDTH.value, _MEM_BATCH.value, batches=2)
     x, y = next(iter(ds))
     profile = profile_model(_build(keras), _MEM_BATCH.value, ["LOCAL_CPU"])
     cluster = Cluster.local(["LOCAL_CPU"] * 2)
@@ -286,12 +282,13 @@ def main(argv: list[str]) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(max(stages) + 2)
+
+    from hetpipe_tf.models import random_features
+    op_threads(1, max(stages) + 2)
     print(f"Model: {_DEPTH.value} x Dense({_WIDTH.value}, relu) + Dense(10), batch "
           f"{_BATCH.value}, SGD; equal-layer split; {_STEPS.value} timed minibatches per "
           f"setting; logical CPU devices, 1 intra-op thread; compensation {comp.value}.")
-    ds = random_features(tf, np, _WIDTH.value, _BATCH.value, batches=4)
+    ds = random_features(_WIDTH.value, _BATCH.value, batches=4)
     if "1" in _PARTS.value:
         _part1(keras, ds, stages, micro)
     if "2" in _PARTS.value:

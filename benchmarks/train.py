@@ -29,7 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags, logging  # noqa: E402
 
-from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
+from benchmarks._cli import (  # noqa: E402
+    compensation, compensation_flag, run, speed_factors_flag)
 
 _EPOCHS = flags.DEFINE_integer("epochs", 10, "Training epochs.", lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "Minibatch size.", lower_bound=1)
@@ -39,8 +40,8 @@ _EXAMPLES = flags.DEFINE_integer("examples", 8192, "Generated training examples.
 # clocks, pushes and waits of WSP show, and keeps staleness low enough for plain SGD.
 _NM = flags.DEFINE_integer("nm", 4, "Minibatches in flight per virtual worker; 0 = the "
                            "planner's default (as many as fit in memory).", lower_bound=0)
-_SPEED = flags.DEFINE_list("speed_factors", ["1.0", "1.0", "1.0", "0.5"],
-                           "Emulated speed factor per device (one logical CPU each).")
+_SPEED = speed_factors_flag(["1.0", "1.0", "1.0", "0.5"], "Emulated speed factor per device "
+                            "(one logical CPU each).")
 _HOSTS = flags.DEFINE_integer("hosts", 2, "Emulated hosts the devices are split over, in "
                               "order (all are logical CPUs of this machine; the planner "
                               "and the allocation see the hosts).", lower_bound=1)
@@ -66,15 +67,6 @@ _MIN_ACCURACY = flags.DEFINE_float("min_accuracy", 0.5, "Exit with 1 below this 
 _DEFAULT_LR = {"adam": 5e-4, "momentum": 0.01, "sgd": 0.05}
 
 
-@flags.validator("speed_factors", message="--speed_factors must be numbers in (0, 1], one "
-                 "per device, at least one device.")
-def _check_speed(values: list[str]) -> bool:
-    try:
-        return bool(values) and all(0 < float(v) <= 1 for v in values)
-    except ValueError:
-        return False
-
-
 @flags.multi_flags_validator(
     ["speed_factors", "hosts", "virtual_workers"],
     message="--hosts and --virtual_workers must each divide the number of devices "
@@ -83,35 +75,6 @@ def _check_layout(values: dict) -> bool:
     n = len(values["speed_factors"] or [])
     return (n > 0 and values["hosts"] >= 1 and values["virtual_workers"] >= 1
             and n % values["hosts"] == 0 and n % values["virtual_workers"] == 0)
-
-
-def make_data(n: int, seed: int = 0):
-    """Four interleaved spirals in 2-D, lifted to 16 features."""
-    import numpy as np
-
-    rs = np.random.RandomState(seed)
-    classes = rs.randint(0, 4, n)
-    t = rs.rand(n) * 3.0 + 0.3
-    angle = t * 2.2 + classes * (np.pi / 2)
-    xy = np.stack([t * np.cos(angle), t * np.sin(angle)], 1) + 0.08 * rs.randn(n, 2)
-    feats = np.concatenate([xy, np.sin(xy * 1.7), np.cos(xy * 1.3), xy ** 2 / 4,
-                            np.sin(xy[:, :1] * xy[:, 1:] * 0.8), rs.randn(n, 7) * 0.1], 1)
-    return feats.astype("float32"), classes.astype("int32")
-
-
-def build_model(width: int = 128, depth: int = 6):
-    """A residual MLP: skip connections that may cross stage cuts."""
-    import keras
-
-    inp = keras.Input((16,), name="features")
-    h = keras.layers.Dense(width, activation="relu", name="dense_in")(inp)
-    for i in range(depth):
-        r = keras.layers.Dense(width, activation="relu", name=f"block{i}_a")(h)
-        r = keras.layers.Dense(width, name=f"block{i}_b")(r)
-        h = keras.layers.Add(name=f"block{i}_add")([h, r])
-        h = keras.layers.Activation("relu", name=f"block{i}_relu")(h)
-    out = keras.layers.Dense(4, activation="softmax", name="classes")(h)
-    return keras.Model(inp, out, name="spiral_resmlp")
 
 
 def make_optimizer(name: str, learning_rate: float):
@@ -138,12 +101,13 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     from hetpipe_tf import HetPipeStrategy
+    from hetpipe_tf.models import spiral_resmlp, spirals
 
     cluster = Cluster.local(["LOCAL_CPU"] * len(factors), hosts=_HOSTS.value,
                             emulated_speed_factors=factors)
     print(cluster.describe())
-    x, y = make_data(_EXAMPLES.value)
-    xv, yv = make_data(1024, seed=1)
+    x, y = spirals(_EXAMPLES.value)
+    xv, yv = spirals(1024, seed=1)
     train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(
         _BATCH_SIZE.value, drop_remainder=True)
     val = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(256)
@@ -167,7 +131,7 @@ def main(argv: list[str]) -> int:
     print(f"staleness compensation {strategy.extended.compensation.value}"
           + (" (the strategy's default)" if comp is None else ""))
     with strategy.scope():
-        model = build_model()
+        model = spiral_resmlp()
         model.compile(make_optimizer(_OPTIMIZER.value, _LR.value),
                       "sparse_categorical_crossentropy", metrics=["accuracy"])
     try:

@@ -90,22 +90,22 @@ def _print_threads(per: collections.Counter) -> None:
 
 
 def _pipelined(keras, devices, n_m):
-    from benchmarks._workloads import dense_stack
+    from hetpipe_tf.models import dense_stack
     from hetpipe_tf.strategy import HetPipeStrategy, manual_plan
-    plan = manual_plan(dense_stack(keras, "pipe", 12, 512), [(devices[0], 6), (devices[1], 7)],
+    plan = manual_plan(dense_stack(12, 512, "pipe"), [(devices[0], 6), (devices[1], 7)],
                        n_m=n_m)
     strategy = HetPipeStrategy(plan=plan)
     with strategy.scope():
-        model = dense_stack(keras, "pipe", 12, 512)
+        model = dense_stack(12, 512, "pipe")
         model.compile(keras.optimizers.SGD(1e-3), "sparse_categorical_crossentropy")
     return strategy, model
 
 
 def _probe_cpu(tf, keras, np, devices, ds) -> None:
-    from benchmarks._workloads import dense_stack
+    from hetpipe_tf.models import dense_stack
     print(f"[1] CPU and wall ms per minibatch (best of 3 fits of {_STEPS.value})")
     with tf.device(devices[0]):
-        plain = dense_stack(keras, "plain", 12, 512)
+        plain = dense_stack(12, 512, "plain")
         plain.compile(keras.optimizers.SGD(1e-3), "sparse_categorical_crossentropy")
     wall, cpu, per = _cpu_and_wall(plain, ds)
     print(f"  plain Keras fit   wall {wall:6.2f}  cpu {cpu:6.2f}")
@@ -243,8 +243,8 @@ def main(argv) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
-    from benchmarks._workloads import random_features
-    ds = random_features(tf, np, 512, 256, batches=8)
+    from hetpipe_tf.models import random_features
+    ds = random_features(512, 256, batches=8)
     _probe_cpu(tf, keras, np, devices, ds)
     _probe_trace(keras, devices, ds)
     _probe_split(tf, keras)

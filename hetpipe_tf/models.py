@@ -1,4 +1,5 @@
-"""Named Keras models for the binaries, examples and tests (all built with weights=None).
+"""Named Keras models for the binaries, examples and tests (all built with weights=None),
+and the workloads of the programs in benchmarks/ and experiments/ (their models and data).
 
 The keras.applications models are the paper's (VGG-19, ResNet-152) and their smaller
 siblings; the small ones train in seconds on a CPU and still have the structures the
@@ -153,3 +154,118 @@ def build_model(name: str, *, input_size: int | None = None, num_classes: int = 
         return _SMALL[key](input_size or DEFAULT_INPUT_SIZE[key], num_classes)
     raise ValueError(f"Unknown model name. Received: name={name!r}; use one of "
                      f"{', '.join(MODEL_NAMES)}.")
+
+
+# --- the programs' workloads (benchmarks/, experiments/) ----------------------------------
+# Layer names are explicit, so a plan made on one instance matches another.
+def dense_stack(depth: int, width: int, name: str = "dense_stack") -> keras.Model:
+    """`depth` x Dense(width, relu) on `width` features, then a 10-way softmax."""
+    inputs = keras.Input((width,), name="features")
+    h = inputs
+    for i in range(depth):
+        h = keras.layers.Dense(width, activation="relu", name=f"dense{i}")(h)
+    outputs = keras.layers.Dense(10, activation="softmax", name="logits")(h)
+    return keras.Model(inputs, outputs, name=name)
+
+
+def random_features(width: int, batch: int, batches: int):
+    """`batches` fixed minibatches of random features and 10-class labels, repeated."""
+    import numpy as np
+    import tensorflow as tf
+
+    rs = np.random.RandomState(0)
+    n = batch * batches
+    x = rs.randn(n, width).astype("float32")
+    y = rs.randint(0, 10, n).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).repeat()
+
+
+def random_inputs(model: keras.Model, batch_size: int, num_classes: int):
+    """4 minibatches of random inputs of the model's shape and labels below num_classes,
+    repeated (offline; for throughput, not accuracy)."""
+    import tensorflow as tf
+
+    shape = tuple(model.inputs[0].shape[1:])
+    n = batch_size * 4
+    x = tf.random.stateless_normal((n, *shape), seed=(1, 2))
+    y = tf.random.stateless_uniform((n,), seed=(3, 4), maxval=num_classes, dtype=tf.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        batch_size, drop_remainder=True).repeat()
+
+
+def spirals(n: int, seed: int = 0, turns: float = 2.2, noise: float = 0.08):
+    """(features, labels): four interleaved spirals in 2-D, lifted to 16 features. The angle
+    grows by `turns` radians per unit radius (radius 0.3..3.3); `noise` is the standard
+    deviation of the Gaussian noise on each point."""
+    import numpy as np
+
+    rs = np.random.RandomState(seed)
+    classes = rs.randint(0, 4, n)
+    t = rs.rand(n) * 3.0 + 0.3
+    angle = t * turns + classes * (np.pi / 2)
+    xy = np.stack([t * np.cos(angle), t * np.sin(angle)], 1) + noise * rs.randn(n, 2)
+    feats = np.concatenate([xy, np.sin(xy * 1.7), np.cos(xy * 1.3), xy ** 2 / 4,
+                            np.sin(xy[:, :1] * xy[:, 1:] * 0.8), rs.randn(n, 7) * 0.1], 1)
+    return feats.astype("float32"), classes.astype("int32")
+
+
+def spiral_resmlp(width: int = 128, depth: int = 6) -> keras.Model:
+    """The spirals' residual MLP: skip connections that may cross stage cuts."""
+    inp = keras.Input((16,), name="features")
+    h = keras.layers.Dense(width, activation="relu", name="dense_in")(inp)
+    for i in range(depth):
+        r = keras.layers.Dense(width, activation="relu", name=f"block{i}_a")(h)
+        r = keras.layers.Dense(width, name=f"block{i}_b")(r)
+        h = keras.layers.Add(name=f"block{i}_add")([h, r])
+        h = keras.layers.Activation("relu", name=f"block{i}_relu")(h)
+    out = keras.layers.Dense(4, activation="softmax", name="classes")(h)
+    return keras.Model(inp, out, name="spiral_resmlp")
+
+
+def digits():
+    """(x_train, y_train, x_val, y_val): scikit-learn's 8x8 digits (shipped inside
+    scikit-learn, no download), pixels in [0, 1], a fixed 80/20 split."""
+    import numpy as np
+
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ValueError("The digits task needs scikit-learn. Received: no sklearn "
+                         "module; pip install -e \".[bench]\".") from None
+    x, y = load_digits(return_X_y=True)
+    x, y = (x / 16.0).astype("float32"), y.astype("int32")
+    order = np.random.RandomState(1234).permutation(len(x))
+    x, y = x[order], y[order]
+    split = int(0.8 * len(x))
+    return x[:split], y[:split], x[split:], y[split:]
+
+
+def synthetic_digits(n: int, seed: int = 0, noise: float = 0.2):
+    """n synthetic 8x8 'digits' (64 features in [0, 1]) and labels 0..9, without
+    scikit-learn: each class a fixed pattern of three strokes, shifted by up to 2 pixels,
+    scaled and noised."""
+    import numpy as np
+
+    rs = np.random.RandomState(1234)   # the 10 class patterns never change
+    patterns = np.zeros((10, 10, 10))
+    for c in range(10):
+        for _ in range(3):             # three strokes per class
+            (r0, c0), (r1, c1) = rs.randint(1, 9, (2, 2))
+            for t in np.linspace(0, 1, 12):
+                patterns[c, int(round(r0 + t * (r1 - r0))), int(round(c0 + t * (c1 - c0)))] = 1
+    rs = np.random.RandomState(seed)
+    y = rs.randint(0, 10, n)
+    dr, dc = rs.randint(0, 3, n), rs.randint(0, 3, n)
+    x = np.stack([patterns[k, r:r + 8, c:c + 8] for k, r, c in zip(y, dr, dc)])
+    x = x * rs.uniform(0.6, 1.0, (n, 1, 1)) + noise * rs.randn(n, 8, 8)
+    return np.clip(x, 0, 1).reshape(n, 64).astype("float32"), y.astype("int32")
+
+
+def digits_mlp(widths: tuple[int, ...] = (128, 64, 64)) -> keras.Model:
+    """An MLP on the 64 pixels of a digit: Dense(w, relu) per entry of `widths` (layers
+    h1, h2, ...), then a 10-way softmax."""
+    layers = [keras.Input((64,), name="pixels")]
+    layers += [keras.layers.Dense(w, activation="relu", name=f"h{i + 1}")
+               for i, w in enumerate(widths)]
+    layers.append(keras.layers.Dense(10, activation="softmax", name="digits"))
+    return keras.Sequential(layers, name="digits_mlp")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hetpipe_tf.cluster.spec import Cluster, Device, Host, paper_cluster
-from tests.benchmarks.binaries import ROOT, run_binary
+from tests.benchmarks.binaries import ROOT, run_binary, run_main
 
 GIB = 2**30
 
@@ -65,7 +65,7 @@ def test_custom_device_type_with_zero_memory_or_negative_bandwidth(tmp_path, fie
 def test_a_valid_custom_device_type_of_the_cluster_file_can_be_planned(tmp_path):
     # --devices is checked after the file registered its types, not at flag parsing.
     path = _write(tmp_path, _paper_with_custom_type())
-    proc = run_binary("benchmarks.plan", f"--cluster={path}", "--devices=MY_GPU,TITAN_RTX",
+    proc = run_main("benchmarks.plan", f"--cluster={path}", "--devices=MY_GPU,TITAN_RTX",
                       "--model=mlp", "--batch_size=8", "--num_classes=10")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "MY_GPU" in proc.stdout and "bottleneck stage" in proc.stdout

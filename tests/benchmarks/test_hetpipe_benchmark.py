@@ -2,11 +2,11 @@
 
 import json
 
-from tests.benchmarks.binaries import run_binary
+from tests.benchmarks.binaries import run_binary, run_main
 
 
 def test_run_mode_trains_and_reports():
-    proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=run", "--model=mlp", "--steps=3",
+    proc = run_main("benchmarks.hetpipe_benchmark", "--mode=run", "--model=mlp", "--steps=3",
                       "--batch_size=16")
     assert proc.returncode == 0, proc.stderr[-2000:]
     for text in ("emulated", "images/s", "MirroredStrategy", "bytes across hosts",
@@ -43,7 +43,7 @@ def test_bad_flags():
 
 
 def test_simulate_mode_on_the_paper_cluster(tmp_path):
-    proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=simulate", "--model=mlp",
+    proc = run_main("benchmarks.hetpipe_benchmark", "--mode=simulate", "--model=mlp",
                       "--cluster=paper", "--allocation=ED", "--placement=ed_local",
                       "--num_waves=2", "--nm=2", f"--trace_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]

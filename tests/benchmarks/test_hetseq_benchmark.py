@@ -1,7 +1,7 @@
 """benchmarks/hetseq_benchmark.py's bad input, and HetSeq beside HetPipe and Horovod in
 hetpipe_benchmark's simulate mode."""
 
-from tests.benchmarks.binaries import run_binary
+from tests.benchmarks.binaries import run_binary, run_main
 
 
 def test_a_batch_the_devices_cannot_split_evenly_is_refused_by_name():
@@ -12,7 +12,7 @@ def test_a_batch_the_devices_cannot_split_evenly_is_refused_by_name():
 
 
 def test_simulate_mode_prints_hetseq_beside_hetpipe_and_horovod():
-    proc = run_binary("benchmarks.hetpipe_benchmark", "--mode=simulate", "--model=mlp",
+    proc = run_main("benchmarks.hetpipe_benchmark", "--mode=simulate", "--model=mlp",
                       "--cluster=paper", "--allocation=ED", "--num_waves=1", "--nm=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("HetSeq"))

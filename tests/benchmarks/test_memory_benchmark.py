@@ -1,6 +1,7 @@
 """benchmarks/memory_benchmark.py end to end with tiny flags: the table's structure, one
 row per stage and setting, finite positive ratios (no memory assertions: the figures come
-from the binary, docs/memory.md)."""
+from the binary, docs/memory.md). Each run is a process of its own: the figures read
+TensorFlow's process-wide CPU allocator statistics."""
 
 import math
 import re

@@ -1,12 +1,12 @@
 """benchmarks/plan.py end to end."""
 
 from hetpipe_tf.partitioner.plan import Plan
-from tests.benchmarks.binaries import run_binary
+from tests.benchmarks.binaries import run_binary, run_main
 
 
 def test_plan_prints_table_and_writes_json(tmp_path):
     out = tmp_path / "plan.json"
-    proc = run_binary("benchmarks.plan", "--model=small_resnet", "--devices=TITAN_V,RTX_2060",
+    proc = run_main("benchmarks.plan", "--model=small_resnet", "--devices=TITAN_V,RTX_2060",
                       "--batch_size=8", "--num_classes=10", f"--output_json={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "emulated" in proc.stdout                  # local devices are labelled as such
@@ -34,7 +34,7 @@ def test_plan_on_the_paper_cluster_reports_a_too_small_cluster():
 
 def test_plan_cuts_inside_a_nested_backbone_and_names_the_inner_layers(tmp_path):
     out = tmp_path / "plan.json"
-    proc = run_binary("benchmarks.plan", "--model=gpt_decoder", "--input_size=16",
+    proc = run_main("benchmarks.plan", "--model=gpt_decoder", "--input_size=16",
                       "--num_classes=64", "--devices=TITAN_V,TITAN_RTX,RTX_2060,QUADRO_P4000",
                       "--batch_size=8", f"--output_json={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]

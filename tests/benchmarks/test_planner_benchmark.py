@@ -3,11 +3,11 @@ with the same bottleneck, and the DP's proof printed."""
 
 import pytest
 
-from tests.benchmarks.binaries import run_binary
+from tests.benchmarks.binaries import run_binary, run_main
 
 
 def test_planner_benchmark_tiny():
-    proc = run_binary("benchmarks.planner_benchmark", "--models=", "--layers=20,40",
+    proc = run_main("benchmarks.planner_benchmark", "--models=", "--layers=20,40",
                       "--stages=2,3", "--methods=dp,milp", "--time_limit=30")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [l.split() for l in proc.stdout.splitlines()

@@ -1,4 +1,5 @@
-"""benchmarks/schedule_benchmark.py end to end, tiny settings."""
+"""benchmarks/schedule_benchmark.py end to end, tiny settings (a process of its own: its
+memory part reads TensorFlow's process-wide CPU allocator statistics)."""
 
 from tests.benchmarks.binaries import run_binary
 

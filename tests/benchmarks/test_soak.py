@@ -3,7 +3,7 @@ figures come from one run of the binary, docs/observe.md)."""
 
 import re
 
-from tests.benchmarks.binaries import run_binary
+from tests.benchmarks.binaries import run_binary, run_main
 
 
 def _rows(stdout):
@@ -13,7 +13,7 @@ def _rows(stdout):
 
 
 def test_soak_prints_the_rss_figures_one_vw():
-    proc = run_binary("benchmarks.soak", "--minibatches=300", "--chunk=50", "--warmup=100")
+    proc = run_main("benchmarks.soak", "--minibatches=300", "--chunk=50", "--warmup=100")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "1 VW(s) x 2 stages" in proc.stdout and "300 minibatches as 6 epochs of 50" \
         in proc.stdout
@@ -32,7 +32,7 @@ def test_soak_prints_the_rss_figures_one_vw():
 
 
 def test_soak_prints_the_pushes_with_two_vws():
-    proc = run_binary("benchmarks.soak", "--minibatches=200", "--chunk=50", "--warmup=50",
+    proc = run_main("benchmarks.soak", "--minibatches=200", "--chunk=50", "--warmup=50",
                       "--virtual_workers=2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "2 VW(s) x 2 stages" in proc.stdout and "D=1" in proc.stdout

@@ -2,7 +2,7 @@
 
 import re
 
-from tests.benchmarks.binaries import run_binary
+from tests.benchmarks.binaries import run_binary, run_main
 
 TINY = ("--epochs=1", "--examples=1024", "--min_accuracy=0")
 
@@ -14,7 +14,7 @@ def _plan_blocks(stdout: str) -> list[str]:
 
 
 def test_default_job_is_two_virtual_workers_under_wsp():
-    proc = run_binary("benchmarks.train", *TINY)   # the default: Adam, D=1
+    proc = run_main("benchmarks.train", *TINY)   # the default: Adam, D=1
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "WSP clock distance D=1, optimizer adam" in out
@@ -39,7 +39,7 @@ def test_default_job_is_two_virtual_workers_under_wsp():
 
 
 def test_one_virtual_worker_mode_stays_reachable():
-    proc = run_binary("benchmarks.train", *TINY, "--virtual_workers=1",
+    proc = run_main("benchmarks.train", *TINY, "--virtual_workers=1",
                       "--speed_factors=1.0,0.5", "--optimizer=sgd", "--compensation=none")
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]

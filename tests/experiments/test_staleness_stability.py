@@ -1,19 +1,14 @@
-"""benchmarks/staleness_stability.py end to end, tiny settings: the model's bound against
+"""experiments/staleness_stability.py end to end, tiny settings: the model's bound against
 its closed form without staleness, and finite eigenvalues (never an accuracy assertion)."""
 
-from tests.benchmarks.binaries import run_binary
-
-
-def _rows(out: str) -> list[list[str]]:
-    return [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+from tests.benchmarks.binaries import run_binary, run_main, table_rows
 
 
 def test_tiny_run_prints_both_parts():
-    proc = run_binary("benchmarks.staleness_stability", "--seeds=0", "--epochs=1",
+    proc = run_main("experiments.staleness_stability", "--seeds=0", "--epochs=1",
                       "--power_iterations=2", "--best_row=false")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = _rows(proc.stdout)
+    rows = table_rows(proc.stdout)
     model = {r[0]: float(r[5]) for r in rows if len(r) == 6 and r[0] != "setting"}
     # Heavy ball without delay is stable iff lr h < 2 (1 + mu): h < 76 at lr 0.05, mu 0.9.
     assert abs(model["plain Keras (no staleness)"] - 76.0) < 0.5
@@ -26,5 +21,5 @@ def test_tiny_run_prints_both_parts():
 
 
 def test_bad_seed_is_an_error():
-    proc = run_binary("benchmarks.staleness_stability", "--seeds=x")
+    proc = run_binary("experiments.staleness_stability", "--seeds=x")
     assert proc.returncode != 0

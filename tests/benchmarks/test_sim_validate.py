@@ -1,7 +1,7 @@
-"""experiments.sim_validate's pure helper (the validation itself is a binary, not a test)."""
+"""benchmarks.sim_validate's pure helper (the validation itself is a binary, not a test)."""
 
 from hetpipe_tf.sim.result import SimEvent
-from experiments.sim_validate import overlap_fraction
+from benchmarks.sim_validate import overlap_fraction
 from hetpipe_tf.core.schedule import Task, TaskKind
 
 

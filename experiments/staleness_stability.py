@@ -1,8 +1,8 @@
 r"""Why momentum SGD across two pipelined VWs stays behind plain Keras at equal epochs
 (issue 20's open cell; docs/convergence.md, "A stability argument").
 
-  python -m benchmarks.staleness_stability            # both parts, seeds 0 and 1
-  python -m benchmarks.staleness_stability --seeds=0 --epochs=4
+  python -m experiments.staleness_stability            # both parts, seeds 0 and 1
+  python -m experiments.staleness_stability --seeds=0 --epochs=4
 
 Part 1, a model: heavy-ball momentum on one quadratic direction f = h w^2 / 2 whose gradient
 is s updates stale and taken at a linear look-ahead a of the last update (weight
@@ -20,7 +20,7 @@ Part 2, the measurement it is compared with: the largest Hessian eigenvalue of t
 loss (power iteration on Hessian-vector products, the whole training set) of the gap
 benchmark's digits MLP (64-128-64-64-10) along plain Keras training with momentum SGD (lr
 0.05, mu 0.9, batch 32), the same initial weights and data order as
-`benchmarks.time_to_accuracy --mode=gap --seed=S`. Where it exceeds a setting's bound,
+`experiments.time_to_accuracy --mode=gap --seed=S`. Where it exceeds a setting's bound,
 that setting cannot follow plain Keras's path at plain Keras's step.
 """
 
@@ -32,9 +32,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks import _cli  # noqa: E402
+from experiments import _study  # noqa: E402
 
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds of part 2 (empty: part 1 only).")
+flags.register_validator("seeds", lambda v: all(x.isdigit() for x in v),
+                         "--seeds must be integers >= 0, e.g. --seeds=0,1.")
 _EPOCHS = flags.DEFINE_integer("epochs", 4, "Epochs of plain Keras in part 2.", lower_bound=0)
 _BEST = flags.DEFINE_bool("best_row", True, "Part 1: also the best momentum and look-ahead "
                           "at plain Keras's lr / (1 - mu) (a grid search, ~30 s).")
@@ -50,27 +52,32 @@ SETTINGS = (("plain Keras (no staleness)", MU, LR, 0, 0),
             ("plain Keras at BOTH's mu_e 0.6 (no staleness)", 0.6, LR, 0, 0))
 
 
-def spectral_radius(x: float, mu: float, s: int, a: float) -> float:
-    """Largest |root| of the characteristic polynomial at lr * h = x (module docstring)."""
+def spectral_radii(xs, mu: float, s: int, a: float):
+    """Largest |root| of the characteristic polynomial at each lr * h = x of `xs` (module
+    docstring): the eigenvalues of the polynomials' companion matrices, all at once."""
     import numpy as np
 
-    c = np.zeros(s + 3)
-    c[0], c[1] = 1.0, -(1.0 + mu)
-    c[2] += mu
-    c[s + 1] += x * (1.0 + a)
-    c[s + 2] -= x * a
-    return float(max(abs(np.roots(c))))
+    xs = np.asarray(xs, dtype=float)
+    c = np.zeros((len(xs), s + 3))
+    c[:, 0], c[:, 1] = 1.0, -(1.0 + mu)
+    c[:, 2] += mu
+    c[:, s + 1] += xs * (1.0 + a)
+    c[:, s + 2] -= xs * a
+    companion = np.zeros((len(xs), s + 2, s + 2))
+    companion[:, 0, :] = -c[:, 1:]
+    companion[:, np.arange(1, s + 2), np.arange(s + 1)] = 1.0
+    return np.abs(np.linalg.eigvals(companion)).max(axis=1)
 
 
 def max_stable_curvature(mu: float, lr: float, s: int, a: float, grid: int = 4000,
                          top: float = 8.0) -> float:
     """The first lr * h on a geometric grid over [1e-4, top] that is unstable (a resolution
     of 0.25% at the default grid), divided by lr."""
-    for i in range(grid + 1):
-        x = 1e-4 * (top / 1e-4) ** (i / grid)
-        if spectral_radius(x, mu, s, a) >= 1.0:
-            return x / lr
-    return top / lr
+    import numpy as np
+
+    xs = 1e-4 * (top / 1e-4) ** (np.arange(grid + 1) / grid)
+    unstable = np.flatnonzero(spectral_radii(xs, mu, s, a) >= 1.0)
+    return float(xs[unstable[0]] if unstable.size else top) / lr
 
 
 def model_table(best_row: bool = True) -> list[tuple[str, ...]]:
@@ -96,20 +103,12 @@ def sharpness_rows(seed: int, epochs: int, iters: int) -> list[tuple[str, ...]]:
     import keras
     import numpy as np
     import tensorflow as tf
-    from sklearn.datasets import load_digits
 
-    x, y = load_digits(return_X_y=True)
-    x, y = (x / 16.0).astype("float32"), y.astype("int32")
-    order = np.random.RandomState(1234).permutation(len(x))   # time_to_accuracy's split
-    x, y = x[order], y[order]
-    split = int(0.8 * len(x))
-    xt, yt, xv, yv = x[:split], y[:split], x[split:], y[split:]
+    from hetpipe_tf import models
+
+    xt, yt, xv, yv = models.digits()   # time_to_accuracy's task, split and model
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((64,)),
-                              keras.layers.Dense(128, activation="relu"),
-                              keras.layers.Dense(64, activation="relu"),
-                              keras.layers.Dense(64, activation="relu"),
-                              keras.layers.Dense(10, activation="softmax")])
+    model = models.digits_mlp()
     model.compile(keras.optimizers.SGD(LR, momentum=MU), "sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
@@ -154,16 +153,16 @@ def main(argv: list[str]) -> int:
     seeds = [int(s) for s in _SEEDS.value]
     print("Part 1: heavy ball on f = h w^2 / 2 with an s-update stale gradient taken at a "
           "look-ahead a of the last update; the largest stable curvature h.")
-    print(_cli.markdown_table(model_table(_BEST.value)))
+    print(_study.markdown_table(model_table(_BEST.value)))
     if seeds:
         print("\nPart 2: the largest Hessian eigenvalue of the digits MLP's training loss "
               f"along plain Keras training (SGD lr {LR}, momentum {MU}, batch 32).")
         rows = [("seed", "epoch", "val acc", "largest Hessian eigenvalue")]
         for seed in seeds:
             rows += sharpness_rows(seed, _EPOCHS.value, _ITERS.value)
-        print(_cli.markdown_table(rows))
+        print(_study.markdown_table(rows))
     return 0
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    app.run(main)

@@ -1,4 +1,4 @@
-"""benchmarks/time_to_accuracy.py end to end, tiny settings (the table's structure and
+"""experiments/time_to_accuracy.py end to end, tiny settings (the table's structure and
 finite figures; never a timing or accuracy assertion). The spirals task needs no
 scikit-learn."""
 
@@ -6,19 +6,14 @@ import re
 
 import pytest
 
-from tests.benchmarks.binaries import run_binary
-
-
-def _rows(out: str) -> list[list[str]]:
-    return [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+from tests.benchmarks.binaries import run_binary, run_main, table_rows
 
 
 def test_cost_mode_prints_every_compensation():
-    proc = run_binary("benchmarks.time_to_accuracy", "--mode=cost", "--cost_width=16",
+    proc = run_main("experiments.time_to_accuracy", "--mode=cost", "--cost_width=16",
                       "--cost_layers=1", "--cost_rounds=20")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = _rows(proc.stdout)
+    rows = table_rows(proc.stdout)
     assert [r[0] for r in rows] == ["compensation", "none", "predict", "momentum", "both",
                                     "average", "all", "both_dc", "both_ga"]
     assert all(float(r[1]) > 0 for r in rows[1:])
@@ -26,12 +21,12 @@ def test_cost_mode_prints_every_compensation():
 
 @pytest.mark.slow
 def test_time_mode_tiny_table():
-    proc = run_binary("benchmarks.time_to_accuracy", "--tasks=spirals", "--optimizers=adam",
+    proc = run_main("experiments.time_to_accuracy", "--tasks=spirals", "--optimizers=adam",
                       "--compensations=all", "--distances=0", "--epochs=1",
                       "--spiral_examples=128", "--width=1", "--nm1_rows=false",
                       "--schedules=1f1b", "--target=0.01")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [r for r in _rows(proc.stdout) if len(r) == 7]   # not HetSeq's shares table
+    rows = [r for r in table_rows(proc.stdout) if len(r) == 7]   # not HetSeq's shares table
     assert rows[0][:3] == ["setting", "N_m", "s to target"] and rows[0][6] == "D"
     labels = [r[0] for r in rows[1:]]
     assert labels[0].startswith("plain Keras") and labels[1].startswith("sync DP")
@@ -51,6 +46,6 @@ def test_time_mode_tiny_table():
 
 
 def test_bad_compensation_is_a_usage_error():
-    proc = run_binary("benchmarks.time_to_accuracy", "--compensations=magic")
+    proc = run_binary("experiments.time_to_accuracy", "--compensations=magic")
     assert proc.returncode != 0
     assert "--compensations" in proc.stderr

@@ -1,10 +1,10 @@
 r"""Time to accuracy: HetPipe against synchronous data parallelism, with and without
 staleness compensation (issue 20; docs/convergence.md).
 
-  python -m benchmarks.time_to_accuracy --quick        # a few minutes on 2 cores
-  python -m benchmarks.time_to_accuracy                # the whole table
-  python -m benchmarks.time_to_accuracy --mode=gap     # accuracy at equal epochs (issue's table)
-  python -m benchmarks.time_to_accuracy --mode=cost    # compensation's cost per minibatch
+  python -m experiments.time_to_accuracy --quick        # a few minutes on 2 cores
+  python -m experiments.time_to_accuracy                # the whole table
+  python -m experiments.time_to_accuracy --mode=gap     # accuracy at equal epochs (issue's table)
+  python -m experiments.time_to_accuracy --mode=cost    # compensation's cost per minibatch
 
 --mode=time (the default) prints ONE table from one run, per task: wall-clock seconds and
 epochs to --target validation accuracy, and the final accuracy, for
@@ -40,10 +40,10 @@ compensation's cost per minibatch and stage.
 
 Tasks: `digits` is scikit-learn's 8x8 digits (load_digits ships inside scikit-learn, no
 download; `pip install -e ".[bench]"`); `spirals` is a generated, harder task: four
-interleaved spirals of two turns lifted to 16 features (benchmarks/train.py's generator,
---spiral_turns / --spiral_noise), with a residual MLP; plain Keras needs several epochs to
-the target 0.95 (at --spiral_turns=2.2 --spiral_noise=0.08, the earlier task, every row
-reached 0.9 in one or two epochs).
+interleaved spirals of two turns lifted to 16 features (hetpipe_tf.models.spirals, as
+benchmarks/train.py's, at --spiral_turns / --spiral_noise), with a residual MLP; plain
+Keras needs several epochs to the target 0.95 (at --spiral_turns=2.2 --spiral_noise=0.08,
+train.py's task, every row reaches 0.9 in one or two epochs).
 """
 
 from __future__ import annotations
@@ -52,12 +52,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import contextlib  # noqa: E402
 import time  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-from benchmarks import _cli  # noqa: E402
+from experiments import _study  # noqa: E402
 
 OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "momentum": ("SGD", {"learning_rate": 0.05, "momentum": 0.9}),
@@ -117,10 +116,9 @@ _WIDTH = flags.DEFINE_integer("width", 0, "Hidden widths x this (digits: 128-64-
                               lower_bound=0)
 _SPIRALS = flags.DEFINE_integer("spiral_examples", 4096, "Generated spirals training "
                                 "examples (validation: a quarter as many).", lower_bound=32)
-# The spirals' shape. Until issue 20's third session the task was 2.2 / 0.08 with target 0.9
-# (benchmarks/train.py's): every row reached 0.9 within one or two epochs, so its seconds were
-# one epoch's, mostly noise. Two turns with less noise need 4-5 epochs of plain Keras with
-# momentum SGD for 0.95 (docs/convergence.md, "The spirals task made harder").
+# The spirals' shape: at benchmarks/train.py's 2.2 / 0.08 every row reaches 0.9 within one or
+# two epochs, so its seconds are one epoch's, mostly noise. Two turns with less noise need 4-5
+# epochs of plain Keras with momentum SGD for 0.95 (docs/convergence.md).
 _TURNS = flags.DEFINE_float("spiral_turns", 4.4, "Spirals: radians per unit radius (2.2: "
                             "about one turn, the earlier task; 4.4: two).", lower_bound=0.0)
 _NOISE = flags.DEFINE_float("spiral_noise", 0.04, "Spirals: standard deviation of the "
@@ -151,118 +149,25 @@ flags.register_validator("distances", lambda v: bool(v) and all(x.isdigit() for 
 
 
 # --- tasks -------------------------------------------------------------------------------
-def load_task(name: str, seed: int = 0):
+def load_task(name: str):
     """(x_train, y_train, x_val, y_val, build_model) of a task."""
-    import numpy as np
+    from hetpipe_tf import models
 
     if name == "digits":
-        try:
-            from sklearn.datasets import load_digits
-        except ImportError:
-            raise ValueError("The digits task needs scikit-learn. Received: no sklearn "
-                             "module; pip install -e \".[bench]\".") from None
-        x, y = load_digits(return_X_y=True)
-        x, y = (x / 16.0).astype("float32"), y.astype("int32")
-        order = np.random.RandomState(1234).permutation(len(x))   # a fixed split
-        x, y = x[order], y[order]
-        split = int(0.8 * len(x))
-        return x[:split], y[:split], x[split:], y[split:], digits_mlp
-    x, y = make_spirals(_SPIRALS.value, seed=0, turns=_TURNS.value, noise=_NOISE.value)
-    xv, yv = make_spirals(max(_SPIRALS.value // 4, 8), seed=1, turns=_TURNS.value,
-                          noise=_NOISE.value)
-    return x, y, xv, yv, spiral_mlp
-
-
-def make_spirals(n: int, seed: int = 0, turns: float = 2.2, noise: float = 0.08):
-    """Four interleaved spirals in 2-D, lifted to 16 features (benchmarks/train.py's task at
-    the default turns and noise; not imported from there: that binary defines flags of the
-    same names). The angle grows by `turns` radians per unit radius (radius 0.3..3.3)."""
-    import numpy as np
-
-    rs = np.random.RandomState(seed)
-    classes = rs.randint(0, 4, n)
-    t = rs.rand(n) * 3.0 + 0.3
-    angle = t * turns + classes * (np.pi / 2)
-    xy = np.stack([t * np.cos(angle), t * np.sin(angle)], 1) + noise * rs.randn(n, 2)
-    feats = np.concatenate([xy, np.sin(xy * 1.7), np.cos(xy * 1.3), xy ** 2 / 4,
-                            np.sin(xy[:, :1] * xy[:, 1:] * 0.8), rs.randn(n, 7) * 0.1], 1)
-    return feats.astype("float32"), classes.astype("int32")
-
-
-def digits_mlp():
-    import keras
-
-    k = _width()
-    return keras.Sequential([keras.Input((64,), name="pixels"),
-                             keras.layers.Dense(128 * k, activation="relu", name="h1"),
-                             keras.layers.Dense(64 * k, activation="relu", name="h2"),
-                             keras.layers.Dense(64 * k, activation="relu", name="h3"),
-                             keras.layers.Dense(10, activation="softmax", name="digits")],
-                            name="digits_mlp")
-
-
-def spiral_mlp(depth: int = 3):
-    """A residual MLP (benchmarks/train.py's, narrower)."""
-    import keras
-
-    width = 64 * _width()
-    inp = keras.Input((16,), name="features")
-    h = keras.layers.Dense(width, activation="relu", name="dense_in")(inp)
-    for i in range(depth):
-        r = keras.layers.Dense(width, activation="relu", name=f"block{i}_a")(h)
-        r = keras.layers.Dense(width, name=f"block{i}_b")(r)
-        h = keras.layers.Add(name=f"block{i}_add")([h, r])
-        h = keras.layers.Activation("relu", name=f"block{i}_relu")(h)
-    out = keras.layers.Dense(4, activation="softmax", name="classes")(h)
-    return keras.Model(inp, out, name="spiral_resmlp")
+        k = _width()
+        return (*models.digits(),
+                lambda: models.digits_mlp((128 * k, 64 * k, 64 * k)))
+    x, y = models.spirals(_SPIRALS.value, seed=0, turns=_TURNS.value, noise=_NOISE.value)
+    xv, yv = models.spirals(max(_SPIRALS.value // 4, 8), seed=1, turns=_TURNS.value,
+                            noise=_NOISE.value)
+    return x, y, xv, yv, lambda: models.spiral_resmlp(64 * _width(), depth=3)
 
 
 def _width() -> int:
     return _WIDTH.value or (1 if _MODE.value == "gap" else 4)
 
 
-def make_optimizer(name: str):
-    import keras
-
-    cls, kwargs = OPTIMIZERS[name]
-    return getattr(keras.optimizers, cls)(**kwargs)
-
-
 # --- one training -------------------------------------------------------------------------
-class _Clock:
-    """Keras callback: training seconds (validation excluded) from the first minibatch's
-    return, and the validation accuracy at every epoch end."""
-
-    def __new__(cls):
-        import keras
-
-        class Clock(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.start = None
-                self.train_s = 0.0
-                self.epoch_t0 = None
-                self.history = []   # (cumulative training seconds, val accuracy)
-
-            def on_train_batch_end(self, batch, logs=None):
-                if self.start is None:
-                    self.start = self.epoch_t0 = time.perf_counter()
-
-            def on_epoch_begin(self, epoch, logs=None):
-                if self.start is not None:
-                    self.epoch_t0 = time.perf_counter()
-
-            def on_test_begin(self, logs=None):
-                if self.epoch_t0 is not None:   # fit's validation: stop the epoch's clock
-                    self.train_s += time.perf_counter() - self.epoch_t0
-                    self.epoch_t0 = None
-
-            def on_epoch_end(self, epoch, logs=None):
-                self.history.append((self.train_s, float((logs or {}).get("val_accuracy",
-                                                                          0.0))))
-        return Clock()
-
-
 def train(task, opt: str, weights0, epochs: int, strategy=None, seed: int = 0) -> dict:
     import tensorflow as tf
 
@@ -270,14 +175,10 @@ def train(task, opt: str, weights0, epochs: int, strategy=None, seed: int = 0) -
     ds = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed)
           .batch(_BATCH.value, drop_remainder=True))
     val = tf.data.Dataset.from_tensor_slices((xv, yv)).batch(256)
-    clock = _Clock()
+    clock = _study.epoch_clock()
     row: dict = {}
-    try:
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            model = build()
-            model.compile(make_optimizer(opt), "sparse_categorical_crossentropy",
-                          metrics=["accuracy"])
-        model.set_weights(weights0)
+    with _study.compiled(build, OPTIMIZERS[opt], weights0,
+                         strategy) as model:
         model.fit(ds, validation_data=val, epochs=epochs, verbose=0, callbacks=[clock])
         row["history"] = clock.history
         if strategy is not None:
@@ -288,18 +189,7 @@ def train(task, opt: str, weights0, epochs: int, strategy=None, seed: int = 0) -
             servers = getattr(strategy.coordinator(model), "servers", None)
             if servers is not None:   # not in HetSeq mode
                 row["spread"] = servers.max_clock_distance
-    finally:
-        if strategy is not None:
-            strategy.close()
     return row
-
-
-def to_target(history, target):
-    """(seconds, epochs) to the first epoch end at or above target, or (None, None)."""
-    for e, (s, acc) in enumerate(history, start=1):
-        if acc >= target:
-            return s, e
-    return None, None
 
 
 # --- settings ----------------------------------------------------------------------------
@@ -433,7 +323,7 @@ def main(argv: list[str]) -> int:
               f"{_COST_LAYERS.value} x ({_COST_WIDTH.value} x {_COST_WIDTH.value}) float32 "
               "weights, SGD momentum 0.9, N_m = 2, a stage of one of 2 VWs (median of 5 x "
               f"{_COST_ROUNDS.value} minibatches).")
-        print(_cli.markdown_table(cost_table(devices[0], _COST_ROUNDS.value)))
+        print(_study.markdown_table(cost_table(devices[0], _COST_ROUNDS.value)))
         return 0
     gap = _MODE.value == "gap"
     tasks = ["digits"] if (_QUICK.value or gap) else _TASKS.value
@@ -477,7 +367,7 @@ def main(argv: list[str]) -> int:
                 if gap:
                     rows.append((label, f"{acc:.3f}", f"{acc - ref_acc:+.3f}"))
                 else:
-                    s, e = to_target(r["history"], target)
+                    s, e = _study.to_target(r["history"], target)
                     if label.startswith("sync DP") and s is not None:
                         sync_s = s if sync_s is None else min(sync_s, s)   # the faster
                     compared = make is not None and not label.startswith("sync DP")
@@ -489,9 +379,9 @@ def main(argv: list[str]) -> int:
                                  str(r.get("d", "-"))))
                 logging.info("%s took %.0f s", label, time.perf_counter() - t0)
                 print(f"  done: {label} ({time.perf_counter() - t0:.0f} s)", flush=True)
-            print(_cli.markdown_table(rows), flush=True)
+            print(_study.markdown_table(rows), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    _cli.run(main)
+    app.run(main)

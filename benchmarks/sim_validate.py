@@ -1,6 +1,6 @@
 r"""Simulator against a real run on this machine (prints a table; asserts nothing).
 
-  python -m experiments.sim_validate [--nm=1,2,4] [--steps=30] [--repeats=3]
+  python -m benchmarks.sim_validate [--nm=1,2,4] [--steps=30] [--repeats=3]
 
 The pipeline benchmark's model (benchmarks/pipeline_benchmark.py: 24 x Dense(512) +
 Dense(10), batch 256) on ONE virtual worker of 2 logical CPU devices with one intra-op
@@ -48,7 +48,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
-from benchmarks._cli import markdown_table  # noqa: E402
+from benchmarks._cli import markdown_table, op_threads  # noqa: E402
 
 _NM = flags.DEFINE_list("sim_nm", ["1", "2", "4"], "N_m values to compare.")
 _SIM_STEPS = flags.DEFINE_integer("sim_steps", 30, "Timed minibatches per epoch.")
@@ -189,8 +189,7 @@ def main(argv: list[str]) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(4)
+    op_threads(1, 4)
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.partitioner.planner import plan_model
     from hetpipe_tf.sim.engine import simulate

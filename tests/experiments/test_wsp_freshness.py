@@ -1,12 +1,12 @@
-"""benchmarks/wsp_freshness.py end to end, tiny settings."""
+"""experiments/wsp_freshness.py end to end, tiny settings."""
 
 import re
 
-from tests.benchmarks.binaries import run_binary
+from tests.benchmarks.binaries import run_binary, run_main
 
 
 def test_wsp_freshness_prints_the_table_tiny():
-    proc = run_binary("benchmarks.wsp_freshness", "--epochs=2", "--examples=240",
+    proc = run_main("experiments.wsp_freshness", "--epochs=2", "--examples=240",
                       "--distances=0,8", "--optimizers=sgd", "--batch_size=16",
                       "--repeats=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -29,6 +29,6 @@ def test_wsp_freshness_prints_the_table_tiny():
 
 
 def test_wsp_freshness_rejects_an_unknown_optimizer():
-    proc = run_binary("benchmarks.wsp_freshness", "--optimizers=sgd,rmsprop")
+    proc = run_binary("experiments.wsp_freshness", "--optimizers=sgd,rmsprop")
     assert proc.returncode != 0 and "--optimizers must name at least one of" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -1,7 +1,7 @@
 r"""WSP freshness: accuracy of two virtual workers with and without fresh pulls.
 
-  python -m benchmarks.wsp_freshness
-  python -m benchmarks.wsp_freshness --optimizers=sgd,momentum,adam --distances=0,4,32
+  python -m experiments.wsp_freshness
+  python -m experiments.wsp_freshness --optimizers=sgd,momentum,adam --distances=0,4,32
 
 Trains a digits-like MLP (64 -> 64 -> 64 -> 10) with 2 virtual workers x 2 stages on 4
 logical CPU devices, N_m = 2, under WSP with clock distance D (--compensation, by default
@@ -30,7 +30,7 @@ import time  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
+from experiments import _study  # noqa: E402
 
 OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "sgd": ("SGD", {"learning_rate": 0.1}),
@@ -51,7 +51,9 @@ _NOISE = flags.DEFINE_float("noise", 0.2, "Pixel noise of the synthetic digits."
                             lower_bound=0.0)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the data; repeat r draws the initial "
                              "weights and the shuffling from seed + r.")
-_COMPENSATION = compensation_flag("none")
+_COMPENSATION = flags.DEFINE_string(
+    "compensation", "none", "Staleness compensation of the HetPipe rows: a hetpipe_tf "
+    "Compensation name (docs/convergence.md). Default none: the paper's rules.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Trainings per setting (the VWs' interleaving "
                                 "is not deterministic: one run says little).", lower_bound=1)
 
@@ -70,70 +72,32 @@ def _check_distances(values: list[str]) -> bool:
     return bool(values) and all(v.isdigit() for v in values)
 
 
-def make_digits(n: int, seed: int = 0, noise: float = 0.2):
-    """n synthetic 8x8 'digits' (64 features in [0, 1]) and labels 0..9."""
-    import numpy as np
-
-    rs = np.random.RandomState(1234)   # the 10 class patterns never change
-    patterns = np.zeros((10, 10, 10))
-    for c in range(10):
-        for _ in range(3):             # three strokes per class
-            (r0, c0), (r1, c1) = rs.randint(1, 9, (2, 2))
-            for t in np.linspace(0, 1, 12):
-                patterns[c, int(round(r0 + t * (r1 - r0))), int(round(c0 + t * (c1 - c0)))] = 1
-    rs = np.random.RandomState(seed)
-    y = rs.randint(0, 10, n)
-    dr, dc = rs.randint(0, 3, n), rs.randint(0, 3, n)
-    x = np.stack([patterns[k, r:r + 8, c:c + 8] for k, r, c in zip(y, dr, dc)])
-    x = x * rs.uniform(0.6, 1.0, (n, 1, 1)) + noise * rs.randn(n, 8, 8)
-    return np.clip(x, 0, 1).reshape(n, 64).astype("float32"), y.astype("int32")
-
-
-def build_model():
-    import keras
-
-    return keras.Sequential([keras.Input((64,), name="pixels"),
-                             keras.layers.Dense(64, activation="relu", name="hidden1"),
-                             keras.layers.Dense(64, activation="relu", name="hidden2"),
-                             keras.layers.Dense(10, activation="softmax", name="digits")],
-                            name="digits_mlp")
-
-
-def _optimizer(name: str):
-    import keras
-
-    cls, kwargs = OPTIMIZERS[name]
-    return getattr(keras.optimizers, cls)(**kwargs)
-
-
 def _train(name, weights0, train, test, strategy=None) -> dict:
     """Final test accuracy (and WSP figures) of one setting, or the error if it failed;
     `train()` makes the dataset."""
-    import contextlib
-
     t0 = time.perf_counter()
     row: dict = {}
     try:
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            model = build_model()
-            model.compile(_optimizer(name), "sparse_categorical_crossentropy",
-                          metrics=["accuracy"])
-        model.set_weights(weights0)
-        model.fit(train(), epochs=_EPOCHS.value, shuffle=False, verbose=0)
-        row["accuracy"] = model.evaluate(*test, verbose=0)[1]
-        if strategy is not None:
-            coord = strategy.coordinator(model)
-            row["fresh"] = sum(s.fresh_pull_count for s in coord.syncs)
-            row["spread"] = coord.servers.max_clock_distance
-            row["wait"] = sum(s.wait_s for s in coord.syncs)
-            row["clocks"] = coord.servers.clocks
+        with _study.compiled(_build_model, OPTIMIZERS[name],
+                             weights0, strategy) as model:
+            model.fit(train(), epochs=_EPOCHS.value, shuffle=False, verbose=0)
+            row["accuracy"] = model.evaluate(*test, verbose=0)[1]
+            if strategy is not None:
+                coord = strategy.coordinator(model)
+                row["fresh"] = sum(s.fresh_pull_count for s in coord.syncs)
+                row["spread"] = coord.servers.max_clock_distance
+                row["wait"] = sum(s.wait_s for s in coord.syncs)
+                row["clocks"] = coord.servers.clocks
     except Exception as e:  # noqa: BLE001 - printed in the row, the other rows go on
         row["error"] = _cause(e)
-    finally:
-        if strategy is not None:
-            strategy.close()
     row["seconds"] = time.perf_counter() - t0
     return row
+
+
+def _build_model():
+    from hetpipe_tf import models
+
+    return models.digits_mlp((64, 64))   # 64 -> 64 -> 64 -> 10
 
 
 def _cause(e: BaseException) -> str:
@@ -163,7 +127,12 @@ def _summary(label: str, rows: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    comp = compensation(_COMPENSATION)
+    from hetpipe_tf.pipeline.compensation import Compensation
+
+    try:
+        comp = Compensation.parse(_COMPENSATION.value)
+    except ValueError as e:
+        raise app.UsageError(f"--compensation: {e}") from None
     logging.set_verbosity(logging.ERROR)   # the VWs' plans and retracing notes: not news here
     from hetpipe_tf.cluster.local import configure_logical_devices
 
@@ -171,18 +140,18 @@ def main(argv: list[str]) -> int:
     import keras
     import tensorflow as tf
 
-    from hetpipe_tf import HetPipeStrategy
+    from hetpipe_tf import HetPipeStrategy, models
     from hetpipe_tf.strategy import even_plan
 
     n = _EXAMPLES.value
-    x, y = make_digits(n, _SEED.value, _NOISE.value)
+    x, y = models.synthetic_digits(n, _SEED.value, _NOISE.value)
     split = int(0.8 * n)
     test = (x[split:], y[split:])
     # Repeat r: initial weights and shuffling from seed + r, the same for every setting.
     repeats = []
     for r in range(_REPEATS.value):
         keras.utils.set_random_seed(_SEED.value + r)
-        probe = build_model()
+        probe = _build_model()
 
         def train(seed=_SEED.value + r):
             # A new dataset per training: every setting sees the same epoch orders (a
@@ -225,4 +194,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    run(main)
+    app.run(main)

@@ -1,10 +1,11 @@
 """benchmarks/overhead_benchmark.py end to end, tiny settings (structure and finite positive
-figures; never a timing assertion)."""
+figures; never a timing assertion). A process of its own: its MirroredStrategy rows clash
+with another MirroredStrategy's collectives run earlier in the same process."""
 
 import math
 import re
 
-from tests.benchmarks.binaries import run_binary, run_main
+from tests.benchmarks.binaries import run_binary
 
 
 def _figures(line: str) -> list[float]:
@@ -12,7 +13,7 @@ def _figures(line: str) -> list[float]:
 
 
 def test_overhead_benchmark_tiny():
-    proc = run_main("benchmarks.overhead_benchmark", "--steps=2", "--repeats=1",
+    proc = run_binary("benchmarks.overhead_benchmark", "--steps=2", "--repeats=1",
                       "--warmup_steps=1", "--small_width=8", "--small_batch=8",
                       "--large_depth=2", "--large_width=16", "--large_batch=8",
                       "--large_nm=1,2", "--large_splits=1,2")

@@ -178,6 +178,15 @@ def choose_shares(batch_size: int, speeds: Sequence[DeviceSpeed]) -> Shares:
                   reason=_reason(batch_size, sizes, speeds))
 
 
+def check_share_sizes(sizes: Sequence[object]) -> tuple[int, ...]:
+    """Every share an int >= 1 (a list of per-device batch sizes), as ints."""
+    for n in sizes:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ShareError(f"Every share must be an int >= 1. Received: shares="
+                             f"{list(sizes)!r}; give every device at least one sample.")
+    return tuple(int(n) for n in sizes)
+
+
 def given_shares(sizes: Sequence[int], speeds: Sequence[DeviceSpeed],
                  batch_size: int | None = None) -> Shares:
     """Shares given by hand, checked: one per device, each >= 1 and within the device's
@@ -187,10 +196,7 @@ def given_shares(sizes: Sequence[int], speeds: Sequence[DeviceSpeed],
     if len(sizes) != len(speeds):
         raise ShareError(f"Shares given by hand need one size per device. Received: "
                          f"shares={list(sizes)} for {len(speeds)} devices.")
-    for n in sizes:
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ShareError(f"Every share must be an int >= 1. Received: shares="
-                             f"{list(sizes)}; give every device at least one sample.")
+    check_share_sizes(sizes)
     total = sum(int(n) for n in sizes)
     if batch_size is not None and total != batch_size:
         raise ShareError(

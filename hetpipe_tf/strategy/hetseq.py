@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import numbers
 from typing import Any, Sequence
 
 import keras
@@ -35,8 +34,9 @@ import tensorflow as tf
 
 from hetpipe_tf._args import parse_enum
 from hetpipe_tf.cluster.local import host_cpu_device
-from hetpipe_tf.partitioner.shares import (Shares, choose_shares, given_shares,
-                                           speeds_from_profile, uniform_speeds)
+from hetpipe_tf.partitioner.shares import (Shares, check_share_sizes, choose_shares,
+                                           given_shares, speeds_from_profile,
+                                           uniform_speeds)
 from hetpipe_tf.ps.hetseq import HetSeqExecutor, ShareStage
 from hetpipe_tf.pipeline.weights import StageWeights
 from hetpipe_tf.strategy import training_state
@@ -98,11 +98,7 @@ def _int_shares(shares: Any) -> tuple[int, ...]:
     if isinstance(shares, (str, bytes)) or not isinstance(shares, Sequence) or not shares:
         raise ValueError(f"shares must be a list of per-device batch sizes. Received: "
                          f"shares={shares!r}; pass e.g. shares=[16, 16, 16, 8].")
-    for n in shares:
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ValueError(f"Every share must be an int >= 1. Received: shares="
-                             f"{list(shares)!r}; give every device at least one sample.")
-    return tuple(int(n) for n in shares)
+    return check_share_sizes(shares)
 
 
 def check_loss_reduction(model) -> None:

@@ -151,3 +151,11 @@ def test_core_sources_name_no_tensorflow():
     for f in (PKG / "core").rglob("*.py"):
         mods = {m.split(".")[0] for m in _imports(f)}
         assert not mods & {"tensorflow", "keras"}, f"{f.name} imports {mods}"
+
+
+def test_experiments_stand_on_the_installed_package_alone():
+    """No module of experiments/ imports benchmarks/ (DESIGN.md "The pieces": what both
+    use is in hetpipe_tf, e.g. hetpipe_tf.models)."""
+    bad = {f.name: sorted(m for m in _imports(f) if m.split(".")[0] == "benchmarks")
+           for f in (ROOT / "experiments").glob("*.py")}
+    assert not {k: v for k, v in bad.items() if v}, bad

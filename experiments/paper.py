@@ -56,6 +56,7 @@ from experiments.paper_setup import (  # noqa: F401  (re-exported: paper.NOMINAL
     CUDA_CONTEXT_BYTES, GIB, IB_FDR_ACHIEVED_BANDWIDTH, MIB, NOMINAL_SETUP, PAPER_SETUP,
     PAPER_TYPES, TF_GRPC_BANDWIDTH, WHAT_IF_SETUP, PaperSetup, backward_kept_bytes,
     tf112_gpu_memory_limit, with_kept_activations)
+from hetpipe_tf.sim.calibration import in_measured_order
 from hetpipe_tf.sim.scenario import ScenarioResult, simulate_scenario, single_device_samples_per_s
 
 LETTER_TYPE = {"V": "TITAN_V", "R": "TITAN_RTX", "G": "RTX_2060", "Q": "QUADRO_P4000"}
@@ -153,7 +154,7 @@ def paper_profile(model_name: str, cache_dir: str | None = None, *,
                   kept_activations: bool = False) -> tuple[ModelProfile, float]:
     """The calibrated profile of "vgg19" or "resnet152" and its calibration factor; with
     `kept_activations`, activation memory by the backward-pass rule (times unchanged)."""
-    profile, factor = calibrate(estimated_profile(model_name, cache_dir),
+    profile, factor = calibrate(in_measured_order(estimated_profile(model_name, cache_dir)),
                                 SINGLE_GPU[model_name])
     if kept_activations:
         profile = with_kept_activations(profile, kept_activation_bytes(model_name, cache_dir))
@@ -273,7 +274,8 @@ def table4(cache_dir: str | None = None, models: Sequence[str] = ("vgg19", "resn
             vws = 1 if letters == "V" else 4
             nm_paper = paper["concurrent"][c] // vws
             kw = dict(num_virtual_workers=vws, num_waves=num_waves,
-                      horovod_config=setup.horovod, horovod_profile=hv_profile)
+                      horovod_config=setup.horovod, horovod_profile=hv_profile,
+                      network=setup.network)
             r_max = simulate_scenario(profile, cluster, "ED", "ed_local", **kw)
             try:
                 r_paper = simulate_scenario(profile, cluster, "ED", "ed_local", n_m=nm_paper,

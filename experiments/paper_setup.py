@@ -16,21 +16,17 @@ from hetpipe_tf.cluster.spec import INFINIBAND_56G_BANDWIDTH, PCIE3_X16_BANDWIDT
 from hetpipe_tf.partitioner.comm import DEFAULT_INTRA_SCALE
 from hetpipe_tf.partitioner.profile import ModelProfile
 from hetpipe_tf.sim.allreduce import HorovodConfig
+from hetpipe_tf.sim.network import (IB_FDR_ACHIEVED_BANDWIDTH, TF_GRPC_STREAM_BANDWIDTH,
+                                    NetworkConfig)
 
 PAPER_TYPES = ("TITAN_V", "TITAN_RTX", "RTX_2060", "QUADRO_P4000")
 
 MIB = 2**20
 GIB = 2**30
 
-# Throughput of one TensorFlow tensor transfer between two TF tasks over gRPC (RecvTensor),
-# the path TF 1.12 takes between tasks unless built with verbs/MPI (the paper names none).
-# tensorflow/tensorflow#6116 "grpc RecvTensor is slow": after the gRPC upgrade of 2017,
-# benchmark_grpc_recv.py reached 800 MB/s ("fully utilizes a 10Gbps link", 2017-08-09);
-# other runs in the same thread: 288 and ~500 MB/s. The best figure is used.
-TF_GRPC_BANDWIDTH = 0.8e9
-# What NCCL moves over 56 Gb/s FDR InfiniBand from a PCIe 3.0 x8 adapter: "you should see
-# 52~53Gbps on each port" (Mellanox community, FDR in a PCIe Gen3 x8 slot); 52.5 Gb/s.
-IB_FDR_ACHIEVED_BANDWIDTH = 52.5e9 / 8
+# Link constants of the cluster model, with their sources: hetpipe_tf/sim/network.py and
+# docs/cluster_model.md.
+TF_GRPC_BANDWIDTH = TF_GRPC_STREAM_BANDWIDTH
 # GPU memory a process's CUDA context (driver, kernels of CUDA/cuDNN/cuBLAS) takes before
 # TF allocates anything: "around 300MB to 400MB" per process at CUDA init (pytorch/pytorch
 # #20532, 2019, CUDA 10); 200-700 MB by machine (pytorch/pytorch#28113, CUDA 10.1).
@@ -127,6 +123,7 @@ class PaperSetup:
     plan_kept_activations: bool = False
     horovod_kept_activations: bool = True
     horovod: HorovodConfig | None = HorovodConfig(inter_bandwidth=IB_FDR_ACHIEVED_BANDWIDTH)
+    network: NetworkConfig | None = NetworkConfig()
 
     def describe(self) -> list[str]:
         gb = 1e9
@@ -172,7 +169,8 @@ class PaperSetup:
 PAPER_SETUP = PaperSetup()
 # The model before the setup facts (what docs/paper_reproduction.md calls "before").
 NOMINAL_SETUP = PaperSetup(name="nominal (before)", inter_bandwidth=INFINIBAND_56G_BANDWIDTH,
-                           tf_gpu_memory=False, horovod_kept_activations=False, horovod=None)
+                           tf_gpu_memory=False, horovod_kept_activations=False, horovod=None,
+                           network=None)
 # WHAT-IF, NOT the reproduction: link bandwidths fitted to the paper's own Horovod cells
 # (VGG-19 4 [V] -> ~1.5 GB/s inside a host, 8 [VR] -> ~1.0 GB/s across hosts).
 WHAT_IF_SETUP = dataclasses.replace(NOMINAL_SETUP, name="WHAT-IF fitted to paper's Horovod",

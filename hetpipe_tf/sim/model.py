@@ -28,10 +28,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.partitioner.plan import Plan
+
+if TYPE_CHECKING:
+    from hetpipe_tf.sim.network import NetworkConfig
 
 # stage index -> list of (parameter-server host, bytes of that stage's parameters it holds)
 PSMap = Mapping[int, Sequence[tuple[str, int]]]
@@ -127,6 +130,8 @@ class SimConfig:
     intra_scale: fraction of the nominal PCIe bandwidth transfers reach (comm.py's constant).
     mode: HETPIPE, or GPIPE / ONE_F_ONE_B (then n_m is the number of micro-batches M per
       minibatch).
+    network: the shared-links model of PS transfers (`sim.network.NetworkConfig`: NICs,
+      PCIe, PS apply shared fairly); None = one FIFO port per host (`links.LinkPool`).
     """
 
     n_m: int
@@ -134,6 +139,7 @@ class SimConfig:
     num_waves: int = 10
     intra_scale: float = 0.7
     mode: ScheduleMode = ScheduleMode.HETPIPE
+    network: NetworkConfig | None = None
 
     def __post_init__(self) -> None:
         for f in ("n_m", "num_waves"):

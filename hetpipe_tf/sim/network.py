@@ -5,7 +5,8 @@ PCIe link has a capacity per direction; every parameter-server host applies upda
 a rate bounded by its memory bandwidth. A transfer is a flow over the resources it
 crosses; all active flows share each resource max-min fairly (processor sharing, the
 fluid model of TCP-like fair sharing), and a flow across hosts is also capped at one
-TF gRPC stream's rate. docs/cluster_model.md names every constant and its source.
+transfer's rate: the cluster's `inter_bandwidth` (for the paper's setup one TF gRPC
+stream, `TF_GRPC_STREAM_BANDWIDTH`), the rate the planner charges an activation. docs/cluster_model.md names every constant and its source.
 
 Routes (one flow per PS shard of a stage):
   push, PS on the GPU's host:  GPU PCIe up, then the PS applies the update
@@ -53,7 +54,9 @@ class NetworkConfig:
     """Capacities of the shared-links model (bytes/s).
 
     nic_bandwidth: each host's NIC, per direction.
-    stream_bandwidth: cap of one flow across hosts (a TF gRPC stream); None = no cap.
+    stream_bandwidth: cap of one flow across hosts (a TF gRPC stream); None = the
+      cluster's `inter_bandwidth`, the rate the planner's comm model (partitioner/comm.py)
+      charges one cross-host transfer, so plans and simulation use one link model.
     ps_apply_bandwidth: bytes of update per second a PS host applies (shared by its
       shards); None = applying takes no time.
     pcie_bandwidth: each GPU's PCIe link per direction; None = the host's
@@ -61,7 +64,7 @@ class NetworkConfig:
     """
 
     nic_bandwidth: float = IB_FDR_ACHIEVED_BANDWIDTH
-    stream_bandwidth: float | None = TF_GRPC_STREAM_BANDWIDTH
+    stream_bandwidth: float | None = None
     ps_apply_bandwidth: float | None = E5_2620_V4_MEMORY_BANDWIDTH / PS_APPLY_TRAFFIC
     pcie_bandwidth: float | None = None
 
@@ -217,7 +220,7 @@ class SharedPool:
             if inter:
                 push = (up, self._nic(stage.host, "out"), self._nic(s.host, "in"))
                 pull = (self._nic(s.host, "out"), self._nic(stage.host, "in"), down)
-                cap = cfg.stream_bandwidth or math.inf
+                cap = cfg.stream_bandwidth or self.cluster.inter_bandwidth
             else:
                 push, pull, cap = (up,), (down,), math.inf
             out.append(ShardRoute(s.host, s.nbytes, inter, push, pull, cap, apply))

@@ -1,49 +1,26 @@
-"""The paper's experiments, simulated: Table 4, Figure 5's ordering, and a scaling run.
+r"""The paper's experiments on the cluster model: Table 4, Figure 5, clock distance, scaling.
 
-Calibration (the only one): every model is profiled for the four types of the paper with
-times ESTIMATED from the device catalog (roofline, no measurement here); then one factor
-per model multiplies every layer time on every type so that one TITAN V alone (one VW of
-one device, no parameter server) simulates exactly the paper's Table 4 "Single GPU [V]"
-figure at batch 32 (VGG-19 159, ResNet-152 112 images/s). Nothing is fitted to any other
-cell of Table 4 or to Figure 5.
+    python -m experiments.paper [--cache_dir=/tmp/hetpipe_profiles]
 
-The setup the paper ran on (TensorFlow 1.12, CUDA 10.0, Horovod over NCCL, Section 8.1) is
-modelled by `PaperSetup` from facts that are documented elsewhere, each a named constant
-in `experiments.paper_setup` with its source, each printed in the tables' header
-(docs/paper_reproduction.md):
+prints `experiments.paper_goals.report`: each Table 4 headline cell, paper vs model, the
+counts within 10% / 25%, Figure 5's order, waiting(D=4)/waiting(D=0) and homogeneous
+scaling. The model and every constant with its source: docs/cluster_model.md.
 
-* tensors between TF tasks (activations across hosts, parameter pushes/pulls to a PS on
-  another host) move through TF's gRPC at `TF_GRPC_BANDWIDTH`, not at the InfiniBand peak;
-  inside a host, PCIe x the Paleo constant 0.7 (Section 7 of the paper);
-* GPU memory TF 1.12 may use: the type's memory minus the CUDA context
-  (`CUDA_CONTEXT_BYTES`) minus TF 1.12's own reserve (`tf112_gpu_memory_limit`);
-* activation memory: HetPipe's partitioner planned with per-layer memory MEASURED by TF's
-  allocation logging (Section 7), i.e. every tensor a layer allocates, and the paper says
-  a more accurate estimate would give better balanced partitions: plans count every
-  layer's output. What a GPU really holds (whether Horovod fits a GPU) is only what TF's
-  gradient functions read (`backward_kept_bytes`);
-* Horovod: NCCL ring, links PCIe x 0.7 inside a host and `IB_FDR_ACHIEVED_BANDWIDTH`
-  across, tensor fusion (64 MB, 5 ms cycles) overlapping the backward pass
-  (`sim.allreduce.HorovodConfig`).
+Calibration (the only one): layer times ESTIMATED from the device catalog (roofline), put
+in the paper's measured speed order (`sim.calibration.in_measured_order`), then ONE factor
+per model so that one TITAN V alone simulates Table 4's "Single GPU [V]" figure (VGG-19
+159, ResNet-152 112 images/s). No multi-GPU cell is an input. The setup (TF 1.12 links and
+GPU memory, Horovod) is `experiments.paper_setup.PaperSetup`; `NOMINAL_SETUP` is the model
+without those facts, `WHAT_IF_SETUP` a labelled fit to the paper's Horovod cells (NOT the
+reproduction). `tables(cache_dir)` gives the longer tables (Table 4 with the largest N_m
+that fits, Figure 5 at both N_m, mixed 64-1024 GPU scaling).
 
-`NOMINAL_SETUP` is the model before these facts (nominal links, every output kept, whole
-GPU memory, Horovod without overlap); `WHAT_IF_SETUP` is the old fit of link bandwidths to
-the paper's own Horovod numbers, a what-if and NOT the reproduction.
-
-    from experiments import paper
-    print(paper.main(cache_dir="/tmp/hetpipe_profiles"))   # all three tables
-    paper.table4(cache_dir=...), paper.figure5(cache_dir=...), paper.scaling(cache_dir=...)
-    paper.table4(cache_dir=..., setup=paper.NOMINAL_SETUP)  # the model before
-
-Profiles (10-20 s per keras.applications model) are cached as JSON under `cache_dir`
-(never in the repository); `cache_dir=None` profiles every time.
+Profiles (10-20 s per keras.applications model) are cached as JSON under `cache_dir`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any, Sequence
 
 from hetpipe_tf.cluster.allocation import AllocationPolicy
@@ -52,16 +29,17 @@ from hetpipe_tf.cluster.spec import Cluster, Device, Host
 from hetpipe_tf.partitioner.plan import PartitionError
 from hetpipe_tf.partitioner.profile import ModelProfile
 from hetpipe_tf.ps.placement import PlacementPolicy
-from experiments.paper_setup import (  # noqa: F401  (re-exported: paper.NOMINAL_SETUP)
-    CUDA_CONTEXT_BYTES, GIB, IB_FDR_ACHIEVED_BANDWIDTH, MIB, NOMINAL_SETUP, PAPER_SETUP,
+from experiments.paper_setup import (  # noqa: F401  (re-exported: paper.calibrate, ...)
+    calibrate, calibration_factor, estimated_profile, kept_activation_bytes, scale_times,
+    BATCH_SIZE, CUDA_CONTEXT_BYTES, GIB, IB_FDR_ACHIEVED_BANDWIDTH, MIB, NOMINAL_SETUP, PAPER_SETUP,
     PAPER_TYPES, TF_GRPC_BANDWIDTH, WHAT_IF_SETUP, PaperSetup, backward_kept_bytes,
     tf112_gpu_memory_limit, with_kept_activations)
+from hetpipe_tf.sim.calibration import in_measured_order
 from hetpipe_tf.sim.scenario import ScenarioResult, simulate_scenario, single_device_samples_per_s
 
 LETTER_TYPE = {"V": "TITAN_V", "R": "TITAN_RTX", "G": "RTX_2060", "Q": "QUADRO_P4000"}
 # The paper's measured speed order (Section 8.1), used for HD as in its Table 3.
 PAPER_RANKING = ("TITAN_V", "TITAN_RTX", "RTX_2060", "QUADRO_P4000")
-BATCH_SIZE = 32
 
 # Table 4 of the paper: single TITAN V, then Horovod and HetPipe (ED-local) on
 # 4 [V], 8 [VR], 12 [VRQ], 16 [VRQG] GPUs; None = not runnable (X); (N_m totals).
@@ -79,81 +57,11 @@ WITHIN = 0.25     # the reproduction's target: ours / paper in [0.75, 1.25]
 # ------------------------------------------------------------------ profiles
 
 
-def estimated_profile(model_name: str, cache_dir: str | None = None,
-                      batch_size: int = BATCH_SIZE,
-                      types: Sequence[str] = PAPER_TYPES) -> ModelProfile:
-    """`profile_model(build_model(name), batch_size, types)` with estimated times, cached as
-    JSON in `cache_dir` (created if needed) under <model>_b<batch>_<types>.json."""
-    path = None
-    if cache_dir:
-        os.makedirs(cache_dir, exist_ok=True)
-        path = os.path.join(cache_dir, f"{model_name}_b{batch_size}_{'-'.join(types)}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                return ModelProfile.from_json(f.read())
-    from hetpipe_tf.models import build_model
-    from hetpipe_tf.partitioner.profiling import profile_model
-    profile = profile_model(build_model(model_name), batch_size, list(types))
-    if path:
-        tmp = path + f".tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(profile.to_json())
-        os.replace(tmp, path)
-    return profile
-
-
-def scale_times(profile: ModelProfile, factor: float) -> ModelProfile:
-    """Every layer time on every type multiplied by `factor`."""
-    layers = tuple(dataclasses.replace(l, time_s={t: s * factor for t, s in l.time_s.items()})
-                   for l in profile.layers)
-    return dataclasses.replace(profile, layers=layers)
-
-
-def calibration_factor(profile: ModelProfile, single_gpu_samples_per_s: float,
-                       device_type: str = "TITAN_V") -> float:
-    """The factor that makes one `device_type` alone simulate `single_gpu_samples_per_s`."""
-    if single_gpu_samples_per_s <= 0:
-        raise ValueError(f"single_gpu_samples_per_s must be > 0. Received: "
-                         f"{single_gpu_samples_per_s!r}.")
-    return single_device_samples_per_s(profile, device_type) / single_gpu_samples_per_s
-
-
-def calibrate(profile: ModelProfile, single_gpu_samples_per_s: float,
-              device_type: str = "TITAN_V") -> tuple[ModelProfile, float]:
-    """(calibrated profile, factor): the Table 4 calibration rule (module doc)."""
-    f = calibration_factor(profile, single_gpu_samples_per_s, device_type)
-    return scale_times(profile, f), f
-
-
-def kept_activation_bytes(model_name: str, cache_dir: str | None = None) -> list[int]:
-    """`backward_kept_bytes` per layer (per sample) of a models.build_model model, cached
-    as JSON in `cache_dir` under <model>_kept.json."""
-    path = os.path.join(cache_dir, f"{model_name}_kept.json") if cache_dir else None
-    if path and os.path.exists(path):
-        with open(path) as f:
-            return [int(x) for x in json.load(f)]
-    from hetpipe_tf.models import build_model
-    from hetpipe_tf.partitioner.layer_graph import LayerGraph
-    graph = LayerGraph.from_model(build_model(model_name))
-    acts = []
-    for node in graph.nodes:
-        act = getattr(graph.layer_of(node.index), "activation", None)
-        acts.append(getattr(act, "__name__", None))
-    kept = backward_kept_bytes(graph.nodes, acts)
-    if path:
-        os.makedirs(cache_dir, exist_ok=True)
-        tmp = path + f".tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(kept, f)
-        os.replace(tmp, path)
-    return kept
-
-
 def paper_profile(model_name: str, cache_dir: str | None = None, *,
                   kept_activations: bool = False) -> tuple[ModelProfile, float]:
     """The calibrated profile of "vgg19" or "resnet152" and its calibration factor; with
     `kept_activations`, activation memory by the backward-pass rule (times unchanged)."""
-    profile, factor = calibrate(estimated_profile(model_name, cache_dir),
+    profile, factor = calibrate(in_measured_order(estimated_profile(model_name, cache_dir)),
                                 SINGLE_GPU[model_name])
     if kept_activations:
         profile = with_kept_activations(profile, kept_activation_bytes(model_name, cache_dir))
@@ -273,7 +181,8 @@ def table4(cache_dir: str | None = None, models: Sequence[str] = ("vgg19", "resn
             vws = 1 if letters == "V" else 4
             nm_paper = paper["concurrent"][c] // vws
             kw = dict(num_virtual_workers=vws, num_waves=num_waves,
-                      horovod_config=setup.horovod, horovod_profile=hv_profile)
+                      horovod_config=setup.horovod, horovod_profile=hv_profile,
+                      network=setup.network)
             r_max = simulate_scenario(profile, cluster, "ED", "ed_local", **kw)
             try:
                 r_paper = simulate_scenario(profile, cluster, "ED", "ed_local", n_m=nm_paper,
@@ -423,9 +332,30 @@ def scaling(cache_dir: str | None = None, model: str = "resnet152",
     return "\n".join(lines)
 
 
-def main(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP) -> str:
-    """Table 4, Figure 5 and the scaling table as one text."""
+def tables(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP) -> str:
+    """Table 4 (with the largest N_m that fits), Figure 5 and mixed scaling as one text."""
     return "\n\n".join([
         "== Table 4 (simulated vs paper) ==", table4(cache_dir, setup=setup),
         "== Figure 5 (16 GPUs, D=0) ==", figure5(cache_dir, setup=setup),
         "== Scaling ==", scaling(cache_dir, setup=setup)])
+
+
+DEFAULT_CACHE_DIR = "/tmp/hetpipe_profiles"
+
+
+def main(argv: Sequence[str]) -> None:
+    """`python -m experiments.paper`: print the paper-vs-model report."""
+    from absl import app, flags
+    from experiments import paper_goals
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected positional arguments. Received: {list(argv[1:])}; "
+                             "pass options as --flag=value.")
+    cache = flags.FLAGS.cache_dir if "cache_dir" in flags.FLAGS else DEFAULT_CACHE_DIR
+    print(paper_goals.report(cache_dir=cache or None))
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    flags.DEFINE_string("cache_dir", DEFAULT_CACHE_DIR, "Where model profiles are cached "
+                        "(JSON); empty = profile every time.")
+    app.run(main)

@@ -9,6 +9,8 @@ cells (NOT the reproduction). Used by `experiments.paper`.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Any, Sequence
 
 from hetpipe_tf.cluster.catalog import get_device_type
@@ -16,21 +18,19 @@ from hetpipe_tf.cluster.spec import INFINIBAND_56G_BANDWIDTH, PCIE3_X16_BANDWIDT
 from hetpipe_tf.partitioner.comm import DEFAULT_INTRA_SCALE
 from hetpipe_tf.partitioner.profile import ModelProfile
 from hetpipe_tf.sim.allreduce import HorovodConfig
+from hetpipe_tf.sim.scenario import single_device_samples_per_s
+from hetpipe_tf.sim.network import (IB_FDR_ACHIEVED_BANDWIDTH, TF_GRPC_STREAM_BANDWIDTH,
+                                    NetworkConfig)
 
+BATCH_SIZE = 32
 PAPER_TYPES = ("TITAN_V", "TITAN_RTX", "RTX_2060", "QUADRO_P4000")
 
 MIB = 2**20
 GIB = 2**30
 
-# Throughput of one TensorFlow tensor transfer between two TF tasks over gRPC (RecvTensor),
-# the path TF 1.12 takes between tasks unless built with verbs/MPI (the paper names none).
-# tensorflow/tensorflow#6116 "grpc RecvTensor is slow": after the gRPC upgrade of 2017,
-# benchmark_grpc_recv.py reached 800 MB/s ("fully utilizes a 10Gbps link", 2017-08-09);
-# other runs in the same thread: 288 and ~500 MB/s. The best figure is used.
-TF_GRPC_BANDWIDTH = 0.8e9
-# What NCCL moves over 56 Gb/s FDR InfiniBand from a PCIe 3.0 x8 adapter: "you should see
-# 52~53Gbps on each port" (Mellanox community, FDR in a PCIe Gen3 x8 slot); 52.5 Gb/s.
-IB_FDR_ACHIEVED_BANDWIDTH = 52.5e9 / 8
+# Link constants of the cluster model, with their sources: hetpipe_tf/sim/network.py and
+# docs/cluster_model.md.
+TF_GRPC_BANDWIDTH = TF_GRPC_STREAM_BANDWIDTH
 # GPU memory a process's CUDA context (driver, kernels of CUDA/cuDNN/cuBLAS) takes before
 # TF allocates anything: "around 300MB to 400MB" per process at CUDA init (pytorch/pytorch
 # #20532, 2019, CUDA 10); 200-700 MB by machine (pytorch/pytorch#28113, CUDA 10.1).
@@ -127,6 +127,7 @@ class PaperSetup:
     plan_kept_activations: bool = False
     horovod_kept_activations: bool = True
     horovod: HorovodConfig | None = HorovodConfig(inter_bandwidth=IB_FDR_ACHIEVED_BANDWIDTH)
+    network: NetworkConfig | None = NetworkConfig()
 
     def describe(self) -> list[str]:
         gb = 1e9
@@ -172,9 +173,83 @@ class PaperSetup:
 PAPER_SETUP = PaperSetup()
 # The model before the setup facts (what docs/paper_reproduction.md calls "before").
 NOMINAL_SETUP = PaperSetup(name="nominal (before)", inter_bandwidth=INFINIBAND_56G_BANDWIDTH,
-                           tf_gpu_memory=False, horovod_kept_activations=False, horovod=None)
+                           tf_gpu_memory=False, horovod_kept_activations=False, horovod=None,
+                           network=None)
 # WHAT-IF, NOT the reproduction: link bandwidths fitted to the paper's own Horovod cells
 # (VGG-19 4 [V] -> ~1.5 GB/s inside a host, 8 [VR] -> ~1.0 GB/s across hosts).
 WHAT_IF_SETUP = dataclasses.replace(NOMINAL_SETUP, name="WHAT-IF fitted to paper's Horovod",
                                     intra_bandwidth=1.5e9 / DEFAULT_INTRA_SCALE,
                                     inter_bandwidth=1e9)
+
+
+# ------------------------------------------------------------------ profiles
+
+
+def estimated_profile(model_name: str, cache_dir: str | None = None,
+                      batch_size: int = BATCH_SIZE,
+                      types: Sequence[str] = PAPER_TYPES) -> ModelProfile:
+    """`profile_model(build_model(name), batch_size, types)` with estimated times, cached as
+    JSON in `cache_dir` (created if needed) under <model>_b<batch>_<types>.json."""
+    path = None
+    if cache_dir:
+        os.makedirs(cache_dir, exist_ok=True)
+        path = os.path.join(cache_dir, f"{model_name}_b{batch_size}_{'-'.join(types)}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                return ModelProfile.from_json(f.read())
+    from hetpipe_tf.models import build_model
+    from hetpipe_tf.partitioner.profiling import profile_model
+    profile = profile_model(build_model(model_name), batch_size, list(types))
+    if path:
+        tmp = path + f".tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(profile.to_json())
+        os.replace(tmp, path)
+    return profile
+
+
+def scale_times(profile: ModelProfile, factor: float) -> ModelProfile:
+    """Every layer time on every type multiplied by `factor`."""
+    layers = tuple(dataclasses.replace(l, time_s={t: s * factor for t, s in l.time_s.items()})
+                   for l in profile.layers)
+    return dataclasses.replace(profile, layers=layers)
+
+
+def calibration_factor(profile: ModelProfile, single_gpu_samples_per_s: float,
+                       device_type: str = "TITAN_V") -> float:
+    """The factor that makes one `device_type` alone simulate `single_gpu_samples_per_s`."""
+    if single_gpu_samples_per_s <= 0:
+        raise ValueError(f"single_gpu_samples_per_s must be > 0. Received: "
+                         f"{single_gpu_samples_per_s!r}.")
+    return single_device_samples_per_s(profile, device_type) / single_gpu_samples_per_s
+
+
+def calibrate(profile: ModelProfile, single_gpu_samples_per_s: float,
+              device_type: str = "TITAN_V") -> tuple[ModelProfile, float]:
+    """(calibrated profile, factor): the Table 4 calibration rule (module doc)."""
+    f = calibration_factor(profile, single_gpu_samples_per_s, device_type)
+    return scale_times(profile, f), f
+
+
+def kept_activation_bytes(model_name: str, cache_dir: str | None = None) -> list[int]:
+    """`backward_kept_bytes` per layer (per sample) of a models.build_model model, cached
+    as JSON in `cache_dir` under <model>_kept.json."""
+    path = os.path.join(cache_dir, f"{model_name}_kept.json") if cache_dir else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return [int(x) for x in json.load(f)]
+    from hetpipe_tf.models import build_model
+    from hetpipe_tf.partitioner.layer_graph import LayerGraph
+    graph = LayerGraph.from_model(build_model(model_name))
+    acts = []
+    for node in graph.nodes:
+        act = getattr(graph.layer_of(node.index), "activation", None)
+        acts.append(getattr(act, "__name__", None))
+    kept = backward_kept_bytes(graph.nodes, acts)
+    if path:
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = path + f".tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(kept, f)
+        os.replace(tmp, path)
+    return kept

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.partitioner.plan import Plan
+
+if TYPE_CHECKING:
+    from hetpipe_tf.sim.network import NetworkConfig
 
 # stage index -> list of (parameter-server host, bytes of that stage's parameters it holds)
 PSMap = Mapping[int, Sequence[tuple[str, int]]]
@@ -119,6 +122,8 @@ class SimConfig:
     intra_scale: fraction of the nominal PCIe bandwidth transfers reach (comm.py's constant).
     mode: the `Schedule` (or its name): HETPIPE (Section 4 pipelines, WSP across VWs), or
       a synchronous one (then n_m is the number of micro-batches M per minibatch).
+    network: the shared-links model of PS transfers (`sim.network.NetworkConfig`: NICs,
+      PCIe, PS apply shared fairly); None = one FIFO port per host (`links.LinkPool`).
     """
 
     n_m: int
@@ -126,6 +131,7 @@ class SimConfig:
     num_waves: int = 10
     intra_scale: float = 0.7
     mode: Schedule = Schedule.HETPIPE
+    network: NetworkConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Schedule.parse(self.mode))

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.sim.links import LinkPool
 from hetpipe_tf.sim.model import SimConfig, VirtualWorker
+from hetpipe_tf.sim.network import SharedPool
 
 _PUSH, _PULL = "push", "pull"
 
@@ -37,7 +38,8 @@ class Replay:
 
     def __init__(self, vws: Sequence[VirtualWorker], cfg: SimConfig, cluster: Cluster,
                  on_pull_done: Callable[[int, int], None] | None = None) -> None:
-        self.pool = LinkPool(cluster, cfg.intra_scale)
+        self.pool = (LinkPool(cluster, cfg.intra_scale) if cfg.network is None
+                     else SharedPool(cluster, cfg.network, cfg.intra_scale))
         self._routes = [[self.pool.stage_routes(s) for s in vw.stages] for vw in vws]
         self._k = [vw.num_stages for vw in vws]
         self._first_seq, total = [], 0
@@ -100,6 +102,9 @@ class Replay:
 
     def run(self) -> None:
         """Grant every queued request (and those they cause) in (time, sequence) order."""
+        if isinstance(self.pool, SharedPool):
+            self._run_shared(self.pool)
+            return
         heap, send, routes = self._heap, self.pool.send, self._routes
         while heap:
             t, seq, v, c, j, kind = heapq.heappop(heap)
@@ -109,3 +114,55 @@ class Replay:
                 self._pushed(v, c, end)
             else:
                 self._pulled(v, c, end)
+
+    def _run_shared(self, pool: SharedPool) -> None:
+        """The shared-links form of `run`: requests start flows in (time, sequence) order;
+        flows end as the fair shares give; a request is done when its last shard is
+        (a push: transferred and applied). Completions before the next request come first,
+        and what they cause is queued at or after their time."""
+        heap, net, routes = self._heap, pool.net, self._routes
+        owner: dict[int, tuple[list, int, bool]] = {}   # flow -> (request state, shard, push)
+        while heap or net.active:
+            t_next = net.next_completion()
+            if heap and heap[0][0] < t_next:
+                t, seq, v, c, j, kind = heapq.heappop(heap)
+                self._last = (t, seq)
+                net.advance(max(t, net.now))
+                r = routes[v][j]
+                state = [t, v, c, j, kind, r, [t] * len(r.shards), len(r.shards)]
+                for i, sh in enumerate(r.shards):
+                    push = kind is _PUSH
+                    self._start(net, owner, state, i, sh, push, transfer=True)
+                if state[7] == 0:
+                    self._finish(pool, state)
+                continue
+            for f in net.advance(t_next):
+                state, i, transfer = owner.pop(f)
+                sh = state[5].shards[i]
+                if transfer and state[4] is _PUSH and sh.apply is not None:
+                    self._start(net, owner, state, i, sh, True, transfer=False)
+                else:
+                    state[6][i] = net.now
+                    state[7] -= 1
+                    if state[7] == 0:
+                        self._finish(pool, state)
+
+    @staticmethod
+    def _start(net, owner, state, i, sh, push: bool, *, transfer: bool) -> None:
+        if sh.nbytes <= 0:
+            state[7] -= 1
+            return
+        if transfer:
+            f = net.start(sh.nbytes, sh.push if push else sh.pull, sh.cap)
+        else:
+            f = net.start(sh.nbytes, (sh.apply,))
+        owner[f] = (state, i, transfer)
+
+    def _finish(self, pool: SharedPool, state: list) -> None:
+        t, v, c, j, kind, r, ends, _ = state
+        pool.record(r, t, ends, vw=v, stage=j, wave=c, kind=kind)
+        end = max([t, *ends])
+        if kind is _PUSH:
+            self._pushed(v, c, end)
+        else:
+            self._pulled(v, c, end)

@@ -28,6 +28,7 @@ from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, traffic
 from hetpipe_tf.sim.allreduce import AllReduceResult, HorovodConfig, horovod
 from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.sim.model import SimConfig, from_plan, stage_update_times
+from hetpipe_tf.sim.network import NetworkConfig
 from hetpipe_tf.sim.result import SimResult
 
 
@@ -142,7 +143,8 @@ def simulate_scenario(profile: Any, cluster: Cluster, policy: AllocationPolicy |
                       virtual_workers: Sequence[Sequence[Device]] | None = None,
                       limit: int = 32,
                       horovod_config: HorovodConfig | None = HorovodConfig(),
-                      horovod_profile: Any = None) -> ScenarioResult:
+                      horovod_profile: Any = None,
+                      network: NetworkConfig | None = NetworkConfig()) -> ScenarioResult:
     """Allocate, plan, place parameters and simulate HetPipe on `cluster`; Horovod beside.
 
     profile: a `ModelProfile` with times for every device type of the cluster; rescaled to
@@ -155,6 +157,8 @@ def simulate_scenario(profile: Any, cluster: Cluster, policy: AllocationPolicy |
       no-overlap bound.
     horovod_profile: the profile the baseline uses (same layers and times; e.g. another
       memory rule); None = `profile`.
+    network: the shared-links model of PS transfers (`sim.network`, the cluster model of
+      docs/cluster_model.md); None = one FIFO port per host.
     """
     horovod_profile = horovod_profile or profile
     if batch_size is not None and batch_size != profile.batch_size:
@@ -179,7 +183,7 @@ def simulate_scenario(profile: Any, cluster: Cluster, policy: AllocationPolicy |
                for v, plan in enumerate(plans)]
     start = time.perf_counter()
     result = simulate(sim_vws, SimConfig(n_m=chosen_n_m, clock_distance=clock_distance,
-                                         num_waves=num_waves), cluster)
+                                         num_waves=num_waves, network=network), cluster)
     sim_wall = time.perf_counter() - start
     baseline = horovod(horovod_profile, [d for vw in vws for d in vw], cluster,
                        config=horovod_config)

@@ -165,3 +165,27 @@ def test_setups_shape_the_cluster():
     assert paper.subcluster("V", 1, inter_bandwidth=1e9).inter_bandwidth == 1e9
     text = "\n".join(paper.PAPER_SETUP.describe())
     assert "0.80 GB/s" in text and "6.56 GB/s" in text and "64 MiB" in text
+
+
+# ---------------------------------------------------------------- the report (paper_goals)
+from experiments import paper_goals  # noqa: E402
+
+
+def test_goals_report_parts_run_on_a_stand_in_profile(monkeypatch):
+    monkeypatch.setattr(paper, "paper_profile",
+                        lambda m, cache_dir=None, **kw: paper.calibrate(tiny_profile(),
+                                                                        paper.SINGLE_GPU[m]))
+    cells = paper_goals.headline_cells(num_waves=2)
+    assert len(cells) == 15                            # 7 Horovod + 8 HetPipe cells
+    text = paper_goals.table4_text(cells)
+    assert "Within 10%:" in text and "within 25%:" in text and "HetPipe above Horovod" in text
+    assert "stated order" in paper_goals.figure5_text(num_waves=2, max_n_m=2)
+    assert "waiting(D=4)/waiting(D=0)" in paper_goals.clock_distance_text(num_waves=6)
+    rows = paper_goals.scaling_rows(hosts=(1, 2), num_waves=2)
+    assert [h for h, *_ in rows] == [1, 2] and all(hv > 0 and hp > 0 for _, hv, hp, _ in rows)
+
+
+def test_main_prints_the_report(monkeypatch, capsys):
+    monkeypatch.setattr(paper_goals, "report", lambda cache_dir=None: "REPORT")
+    paper.main(["experiments.paper"])
+    assert capsys.readouterr().out.strip() == "REPORT"

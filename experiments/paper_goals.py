@@ -1,0 +1,204 @@
+"""The cluster model against the paper, figure by figure (docs/cluster_model.md).
+
+`report(cache_dir)` prints, from one model (`sim.network` shared links, the paper setup's
+link and memory constants, profiles calibrated on the single-GPU cells only):
+
+* Table 4's 15 headline cells (Horovod; HetPipe ED-local at the paper's N_m): paper,
+  model, ratio, and how many are within 10% and 25%; whether HetPipe beats Horovod in
+  the 7 columns where the paper has both;
+* Figure 5 (16 GPUs, D = 0): NP, ED, HD, ED-local at their best N_m, Horovod, against
+  Section 8.3's stated order;
+* the clock distance: VGG-19 ED-local on 16 GPUs at D = 0, 4, 32: waiting, idle,
+  throughput; waiting(D=4) / waiting(D=0) against the paper's 0.62;
+* homogeneous scaling: 1..16 hosts of 4 TITAN V, Horovod and HetPipe ED-local.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from hetpipe_tf.cluster.spec import Cluster
+from hetpipe_tf.partitioner.plan import PartitionError
+from hetpipe_tf.sim.scenario import simulate_scenario
+from experiments import paper
+from experiments.paper_setup import PAPER_SETUP, PaperSetup
+
+# Section 8.4: "the average waiting time with D = 4 is found to be 62% of that with D = 0",
+# "the actual idle time is only 18% of the waiting time" (VGG-19, 16 GPUs).
+PAPER_WAIT_RATIO = 0.62
+PAPER_IDLE_OVER_WAIT = 0.18
+SCALING_HOSTS = (1, 2, 4, 8, 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    model: str
+    method: str          # "Horovod" or "HetPipe"
+    column: str          # "V", "VR", ...
+    paper: float
+    ours: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours / self.paper
+
+
+def _kw(setup: PaperSetup, hv_profile, num_waves: int) -> dict:
+    return dict(num_waves=num_waves, horovod_config=setup.horovod,
+                horovod_profile=hv_profile, network=setup.network)
+
+
+def headline_cells(cache_dir: str | None = None, num_waves: int = 10,
+                   setup: PaperSetup = PAPER_SETUP) -> list[Cell]:
+    """The 15 cells: Horovod where the paper ran it, HetPipe ED-local at its N_m."""
+    cells = []
+    for m in ("vgg19", "resnet152"):
+        profile, hv_profile, _ = paper._profiles(m, cache_dir, setup)
+        table = paper.TABLE4[m]
+        for c, letters in enumerate(paper.TABLE4_COLUMNS):
+            vws = 1 if letters == "V" else 4
+            r = simulate_scenario(profile, paper.subcluster(letters, setup=setup), "ED",
+                                  "ed_local", n_m=table["concurrent"][c] // vws,
+                                  num_virtual_workers=vws, **_kw(setup, hv_profile, num_waves))
+            if table["Horovod"][c] is not None:
+                cells.append(Cell(m, "Horovod", letters, table["Horovod"][c],
+                                  r.horovod.samples_per_s))
+            cells.append(Cell(m, "HetPipe", letters, table["HetPipe"][c], r.samples_per_s))
+    return cells
+
+
+def table4_text(cells: Sequence[Cell]) -> str:
+    lines = [f"{'model':10} {'method':8} {'GPUs':9} {'paper':>6} {'model':>6} {'ratio':>6}"]
+    for x in cells:
+        flag = "" if abs(x.ratio - 1) <= 0.10 else " (10%)" if abs(x.ratio - 1) <= 0.25 \
+            else " OUTSIDE 25%"
+        lines.append(f"{paper.MODEL_TITLES[x.model]:10} {x.method:8} "
+                     f"{len(x.column) * 4:2} [{x.column:4}] {x.paper:6.0f} {x.ours:6.0f} "
+                     f"{x.ratio:6.2f}{flag}")
+    n10 = sum(abs(x.ratio - 1) <= 0.10 for x in cells)
+    n25 = sum(abs(x.ratio - 1) <= 0.25 for x in cells)
+    lines.append(f"Within 10%: {n10} of {len(cells)} (goal >= 8); within 25%: {n25} of "
+                 f"{len(cells)} (goal >= 12)")
+    by = {(x.model, x.method, x.column): x for x in cells}
+    above = [(m, col) for (m, meth, col) in by if meth == "Horovod"]
+    wins = [(m, col) for m, col in above
+            if by[(m, "HetPipe", col)].ours > by[(m, "Horovod", col)].ours]
+    lines.append(f"HetPipe above Horovod: {len(wins)} of {len(above)} columns (paper: "
+                 f"{len(above)} of {len(above)}): "
+                 + ", ".join(f"{paper.MODEL_TITLES[m]} [{c}] "
+                             f"{by[(m, 'HetPipe', c)].ours:.0f} vs "
+                             f"{by[(m, 'Horovod', c)].ours:.0f}" for m, c in above))
+    return "\n".join(lines)
+
+
+def figure5_text(cache_dir: str | None = None, num_waves: int = 10, max_n_m: int = 5,
+                 setup: PaperSetup = PAPER_SETUP) -> str:
+    """Figure 5's policies at their best N_m in 1..`max_n_m` against Section 8.3's order."""
+    cluster = paper.subcluster("VRGQ", setup=setup)
+    lines = []
+    for m in ("vgg19", "resnet152"):
+        profile, hv_profile, _ = paper._profiles(m, cache_dir, setup)
+        got, hv = {}, None
+        for label, placement in paper.FIGURE5_POLICIES:
+            policy = "ED" if label == "ED-local" else label
+            _, best = paper.best_n_m(profile, cluster, policy, placement,
+                                     ranking=paper.PAPER_RANKING, max_n_m=max_n_m,
+                                     **_kw(setup, hv_profile, num_waves))
+            got[label], hv = (best.samples_per_s, best.n_m), best.horovod
+        horovod = hv.samples_per_s
+        order = sorted(list(got) + ["Horovod"], key=lambda k: -(got[k][0] if k in got
+                                                               else horovod))
+        lines.append(f"{paper.MODEL_TITLES[m]}: " + " > ".join(
+            f"{k} {got[k][0]:.0f} (N_m {got[k][1]})" if k in got else
+            f"Horovod {horovod:.0f} ({len(hv.devices)} GPUs)" for k in order))
+        ed_local, np_, others = got["ED-local"][0], got["NP"][0], [got[k][0] for k in
+                                                                    ("ED", "HD")]
+        if m == "vgg19":
+            ok = ed_local > horovod > max(others + [np_]) and np_ <= min(others)
+        else:   # ED-local highest, NP lowest, ED and HD "a bit better or similar" (10%)
+            ok = (ed_local > max(others + [horovod]) and np_ <= min(others + [horovod])
+                  and all(x >= 0.9 * horovod for x in others))
+        lines.append(f"  paper (Section 8.3): {paper.FIGURE5_PAPER[m]}; ED-local/Horovod "
+                     f"model {ed_local / horovod:.2f}, paper "
+                     f"{paper.FIGURE5_NUMBERS[m]['ED-local/Horovod']}; stated order "
+                     f"{'HOLDS' if ok else 'DOES NOT HOLD'}")
+    return "\n".join(lines)
+
+
+def clock_distance_text(cache_dir: str | None = None, num_waves: int = 40,
+                        setup: PaperSetup = PAPER_SETUP) -> str:
+    """VGG-19 ED-local on 16 GPUs (N_m 5 per VW, Table 4's 20 in flight) at D = 0, 4, 32."""
+    profile, hv_profile, _ = paper._profiles("vgg19", cache_dir, setup)
+    cluster = paper.subcluster("VRQG", setup=setup)
+    rows = {}
+    for d in (0, 4, 32):
+        r = simulate_scenario(profile, cluster, "ED", "ed_local", n_m=5, clock_distance=d,
+                              **_kw(setup, hv_profile, num_waves))
+        wait = sum(r.waiting_s) / len(r.waiting_s)
+        idle = sum(sum(s) / len(s) for s in r.idle_s) / len(r.idle_s)
+        rows[d] = (wait, idle, r.samples_per_s)
+    lines = [f"VGG-19, 16 GPUs, ED-local, N_m 5 per VW, {num_waves} waves: "
+             f"{'D':>3} {'waiting s':>9} {'idle s':>7} {'samples/s':>9}"]
+    for d, (w, i, s) in rows.items():
+        lines.append(f"{'':68}{d:3} {w:9.3f} {i:7.3f} {s:9.0f}")
+    w0 = rows[0][0]
+    ratio = rows[4][0] / w0 if w0 else float("nan")
+    idle = rows[0][1] / w0 if w0 else float("nan")
+    lines.append(f"waiting(D=4)/waiting(D=0) = {ratio:.2f} (paper {PAPER_WAIT_RATIO}; goal "
+                 f"within 25%: {'MET' if abs(ratio / PAPER_WAIT_RATIO - 1) <= 0.25 else 'NOT MET'}"
+                 f"); idle/waiting at D=0 = {idle:.2f} (paper {PAPER_IDLE_OVER_WAIT})")
+    return "\n".join(lines)
+
+
+def _ed_by_host(cluster: Cluster) -> tuple:
+    """VW i = GPU i of every host (ED over identical hosts)."""
+    n = min(len(h.devices) for h in cluster.hosts)
+    return tuple(tuple(h.devices[i] for h in cluster.hosts) for i in range(n))
+
+
+def scaling_rows(cache_dir: str | None = None, model: str = "vgg19",
+                 hosts: Sequence[int] = SCALING_HOSTS, num_waves: int = 10,
+                 setup: PaperSetup = PAPER_SETUP) -> list[tuple[int, float, float, int]]:
+    """(hosts, Horovod samples/s, ED-local samples/s, N_m) on hosts of 4 TITAN V."""
+    profile, hv_profile, _ = paper._profiles(model, cache_dir, setup)
+    out = []
+    for h in hosts:
+        cluster = paper.subcluster("V" * h, setup=setup)
+        vws = _ed_by_host(cluster)
+        # h stages with one spare minibatch, at most Table 4's 5 per VW (memory: deeper
+        # pipelines hold more versions on the FC stage); 1 when one GPU holds the model
+        try:
+            r = simulate_scenario(profile, cluster, "ED", "ed_local", n_m=min(h + 1, 5),
+                                  virtual_workers=vws, **_kw(setup, hv_profile, num_waves))
+        except PartitionError:
+            if h > 1:
+                raise
+            r = simulate_scenario(profile, cluster, "ED", "ed_local", n_m=1,
+                                  virtual_workers=vws, **_kw(setup, hv_profile, num_waves))
+        out.append((h, r.horovod.samples_per_s, r.samples_per_s, r.n_m))
+    return out
+
+
+def scaling_text(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP) -> str:
+    lines = []
+    for m in ("vgg19", "resnet152"):
+        rows = scaling_rows(cache_dir, m, setup=setup)
+        lines.append(f"{paper.MODEL_TITLES[m]}, hosts of 4 TITAN V: {'hosts':>5} "
+                     f"{'Horovod':>8} {'ED-local':>8} {'N_m':>4}")
+        for h, hv, hp, n_m in rows:
+            lines.append(f"{'':36}{h:5} {hv:8.0f} {hp:8.0f} {n_m:4}")
+        mono = [all(b[k] >= a[k] for a, b in zip(rows, rows[1:])) for k in (1, 2)]
+        lines.append(f"  monotone: Horovod {'yes' if mono[0] else 'NO'}, ED-local "
+                     f"{'yes' if mono[1] else 'NO'}")
+    return "\n".join(lines)
+
+
+def report(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP) -> str:
+    cells = headline_cells(cache_dir, setup=setup)
+    return "\n\n".join([
+        "\n".join(paper._header(setup)),
+        "== Table 4: headline cells (paper vs model) ==", table4_text(cells),
+        "== Figure 5 (16 GPUs, D=0, best N_m <= 5) ==", figure5_text(cache_dir, setup=setup),
+        "== Clock distance (Section 8.4) ==", clock_distance_text(cache_dir, setup=setup),
+        "== Homogeneous scaling ==", scaling_text(cache_dir, setup=setup)])

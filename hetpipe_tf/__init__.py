@@ -26,7 +26,7 @@ _PUBLIC = {
     "HetPipeStrategy": "hetpipe_tf.strategy",
     "Schedule": "hetpipe_tf.core.sync_schedule",
     "Compensation": "hetpipe_tf.pipeline.compensation",
-    "DataParallel": "hetpipe_tf.strategy.hetseq",
+    "DataParallel": "hetpipe_tf.strategy.data_parallel",
     "FaultPolicy": "hetpipe_tf.ps.faults",
     "TaskLostError": "hetpipe_tf.ps.faults",
 }

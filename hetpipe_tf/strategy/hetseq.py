@@ -25,14 +25,12 @@ proportion to the shares.
 
 from __future__ import annotations
 
-import enum
 import logging
 from typing import Any, Sequence
 
 import keras
 import tensorflow as tf
 
-from hetpipe_tf._args import parse_enum
 from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.partitioner.shares import (Shares, check_share_sizes, choose_shares,
                                            given_shares, speeds_from_profile,
@@ -41,22 +39,9 @@ from hetpipe_tf.ps.hetseq import HetSeqExecutor, ShareStage
 from hetpipe_tf.pipeline.weights import StageWeights
 from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.compensation import Compensation
+from hetpipe_tf.strategy.data_parallel import DataParallel
 
 logger = logging.getLogger(__name__)
-
-
-class DataParallel(enum.Enum):
-    """How the strategy does data parallelism over unequal devices."""
-
-    WSP = "wsp"         # virtual workers (pipelines) through parameter servers (HetPipe)
-    HETSEQ = "hetseq"   # every device the whole model, a share of each batch by its speed
-    # WSP with every batch split into one share per VW by its throughput (ps/split.py): a
-    # faster VW takes a larger minibatch instead of more minibatches.
-    WSP_SPLIT = "wsp_split"
-
-    @classmethod
-    def parse(cls, value: "DataParallel | str") -> "DataParallel":
-        return parse_enum(cls, value, arg="data_parallel", what="data_parallel mode")
 
 
 def check_arguments(mode: DataParallel, shares: Any, *, plans: tuple, plan_fn: Any,
@@ -169,15 +154,6 @@ def build_hetseq(options, model, program, batch_size: int, update_metrics, strat
 
 
 # --- split batches over virtual workers under WSP (ps/split.py) ---------------------------
-def one_device_plans(model, batch_size: int, cluster_arg) -> tuple:
-    """HetSeq with D > 0: one virtual worker of one stage per device of the cluster, N_m = 1
-    (each holds the whole model; its plan's time is the device's speed)."""
-    from hetpipe_tf.strategy.planning import plan_devices, resolve_cluster
-
-    cl = resolve_cluster(cluster_arg)
-    return plan_devices(model, batch_size, cl, [(d,) for d in cl.devices], 1, None)
-
-
 def split_shares(options, plans: Sequence[Any], batch_size: int) -> Shares:
     """The VWs' shares of `batch_size` from their plans' throughput (or `shares` given by
     hand, one per VW), printed with the VWs; refused before training when they cannot be

@@ -26,7 +26,7 @@ from hetpipe_tf.ps.faults import FaultOptions
 from hetpipe_tf.ps.placement import PlacementPolicy
 from hetpipe_tf.strategy import schedules
 from hetpipe_tf.strategy.compensation import Compensation
-from hetpipe_tf.strategy.hetseq import DataParallel
+from hetpipe_tf.strategy.data_parallel import DataParallel
 from hetpipe_tf.strategy.hetseq import check_arguments as check_hetseq_arguments
 from hetpipe_tf.strategy.validation import check_n_m, check_plans
 

@@ -49,7 +49,7 @@ def plan_layout(options, model, batch_size: int) -> tuple:
     """The plans of `model` under `options` (`StrategyOptions`) when none were given: one
     device per VW in HetSeq mode with D > 0, else the partitioner's (with the allocation's
     VWs when one is given)."""
-    from hetpipe_tf.strategy.hetseq import DataParallel, one_device_plans
+    from hetpipe_tf.strategy.data_parallel import DataParallel
     from hetpipe_tf.strategy.schedules import sync_memory
 
     layout, pipeline = options.layout, options.pipeline
@@ -63,6 +63,13 @@ def plan_layout(options, model, batch_size: int) -> tuple:
     return plan_virtual_workers(model, batch_size, layout.cluster, layout.allocation,
                                 layout.num_virtual_workers, pipeline.n_m, pipeline.max_m,
                                 compensation=compensation)
+
+
+def one_device_plans(model, batch_size: int, cluster_arg) -> tuple:
+    """HetSeq with D > 0: one virtual worker of one stage per device of the cluster, N_m = 1
+    (each holds the whole model; its plan's time is the device's speed)."""
+    cl = resolve_cluster(cluster_arg)
+    return plan_devices(model, batch_size, cl, [(d,) for d in cl.devices], 1, None)
 
 
 def max_stages(model) -> int:

@@ -22,7 +22,7 @@ from hetpipe_tf.pipeline.sync_runtime import SyncPipelineRuntime
 from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.strategy.compensation import Compensation
 from hetpipe_tf.strategy.extended import HetPipeExtended
-from hetpipe_tf.strategy.hetseq import DataParallel
+from hetpipe_tf.strategy.data_parallel import DataParallel
 from hetpipe_tf.strategy.options import StrategyOptions
 from hetpipe_tf.strategy.schedules import check_arguments as check_schedule_arguments
 

@@ -8,7 +8,7 @@ import pytest
 
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.strategy import HetPipeStrategy, even_plan
-from hetpipe_tf.strategy.hetseq import DataParallel
+from hetpipe_tf.strategy.data_parallel import DataParallel
 from tests.strategy.helpers import DEVICES, assert_weights_close, regression_data, skip_model
 
 

@@ -12,7 +12,7 @@ from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.ps.faults import DEFAULT_TIMEOUT_S, FaultPolicy
 from hetpipe_tf.strategy import HetPipeStrategy, even_plan
 from hetpipe_tf.strategy.compensation import Compensation
-from hetpipe_tf.strategy.hetseq import DataParallel
+from hetpipe_tf.strategy.data_parallel import DataParallel
 from hetpipe_tf.strategy.layout import Layout
 from hetpipe_tf.strategy.modes import (HetSeq, OneVirtualWorker, SynchronousPipeline,
                                        VirtualWorkers, mode_for)

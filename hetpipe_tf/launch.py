@@ -70,7 +70,8 @@ def exit_status(returncode: int) -> int:
 
 
 def describe_exit(who: str, pid: int, returncode: int) -> str:
-    """"the chief (pid 12) was killed by SIGKILL" / "worker:1 (pid 13) exited with code 3"."""
+    """How a process ended, e.g. "the chief (pid 12) was killed by SIGKILL" or
+    "worker:1 (pid 13) exited with code 3"."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -207,7 +208,8 @@ class Job:
                 self._start()
             except OSError as e:   # no such program, not executable
                 self._say(f"[launch] cannot start {self.command[0]!r}: {e.strerror or e}. "
-                          "Received: command=" + " ".join(self.command))
+                          "Received: command=" + " ".join(self.command)
+                          + "; give a program on PATH or its path after '--'.")
                 return 127 if isinstance(e, FileNotFoundError) else 126
             chief, reported = self.procs[0], set()
             while not self._signals and chief.poll() is None:

@@ -282,3 +282,32 @@ def test_example_job_with_two_declared_devices_per_worker():
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "[chief:0] final loss" in proc.stdout
+
+
+@pytest.mark.slow   # 4 TensorFlow processes: about 30 s on 2 cores
+def test_ctrl_c_of_the_example_job_raises_keyboard_interrupt_in_fit():
+    """Ctrl-C to the launcher reaches the chief alone: `fit` raises KeyboardInterrupt (not
+    UnavailableError from a worker stopped under it), the workers and ps are stopped after
+    the chief exited, nothing is left. `-- python` runs the launcher's own interpreter."""
+    job = Launched.__new__(Launched)
+    job.proc = subprocess.Popen(
+        [sys.executable, "-m", "hetpipe_tf.launch", "--workers=2", "--ps=1", "--grace_s=3",
+         "--chief_grace_s=120", "--", "python", "examples/train_mlp.py", "--epochs=200"],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    job.lines, job.tasks = [], 4
+    job._reader = threading.Thread(target=job._read, daemon=True)
+    job._reader.start()
+    try:
+        job.wait_for(r"^\[chief:0\] Epoch 2/200", timeout=300)
+        pids = job.pids()
+        os.kill(job.proc.pid, signal.SIGINT)
+        assert job.proc.wait(timeout=180) == 128 + signal.SIGINT
+        job._reader.join(timeout=10)
+        chief = "\n".join(ln for ln in job.lines if ln.startswith("[chief:0]"))
+        assert "KeyboardInterrupt" in chief and "UnavailableError" not in chief, chief[-3000:]
+        job.wait_for(r"^\[launch\] the chief \(pid \d+\) (was killed by SIGINT|exited with "
+                     r"code \d+); stopping the workers and ps$")
+        assert _all_gone(pids.values()) is True
+    finally:
+        job.cleanup()

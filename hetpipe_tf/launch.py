@@ -5,18 +5,26 @@ r"""Run one program as a local cluster job: a chief, N workers and M parameter s
 
 Every process runs the same command on 127.0.0.1 with its own TF_CONFIG (free ports; the
 chief trains, the workers and parameter servers serve from `HetPipeStrategy(...)`, which
-never returns in them, docs/cluster_jobs.md). `--devices_per_worker=K` declares K
-LOCAL_CPU devices per worker in TF_CONFIG's "hetpipe" section (each worker's server then
-has K CPU devices). Each line a process prints is streamed with its task as
-a prefix ("[worker:1] ..."). The job ends when the chief exits (the launcher exits with the
-chief's code): the other processes are stopped by pid. Ctrl-C (SIGINT) and SIGTERM stop
-every process too (the chief first gets the same signal, so Keras sees the interrupt), and
-if the launcher itself is killed (SIGKILL), the kernel kills its children
-(PR_SET_PDEATHSIG, `hetpipe_tf/cluster/lifetime.py`).
+never returns in them, docs/cluster_jobs.md). The word `python` or `python3` as the
+command's first word means the launcher's own interpreter (`sys.executable`), not the
+first `python` on PATH. `--devices_per_worker=K` declares K LOCAL_CPU devices per worker in
+TF_CONFIG's "hetpipe" section (each worker's server then has K CPU devices). Each line a
+process prints is streamed with its task as a prefix ("[worker:1] ...").
 
-TensorFlow's gRPC server listens on every interface, whatever address the cluster names;
-on a machine with a non-loopback interface the launcher prints a warning naming the ports
-it opened (docs/cluster_jobs.md, "Security").
+How the job ends:
+- the chief exits: the other processes are stopped by pid (SIGTERM, SIGKILL after
+  `--grace_s`) and the launcher exits with the chief's status, 128 + N for a chief killed
+  by signal N (137 for SIGKILL), after a line naming how the chief ended;
+- Ctrl-C (SIGINT) or SIGTERM to the launcher: the chief alone gets the signal first (Keras'
+  `fit` raises KeyboardInterrupt at a minibatch boundary while the workers and ps still
+  serve); the others are stopped once the chief exited, or after `--chief_grace_s`, or at
+  a second Ctrl-C; the launcher exits with 128 + the signal;
+- the launcher itself is killed (SIGKILL): the kernel kills its children
+  (PR_SET_PDEATHSIG, `hetpipe_tf/cluster/lifetime.py`).
+
+TensorFlow's gRPC server listens on every interface (the IPv6 wildcard, dual stack),
+whatever address the cluster names; on a machine with a non-loopback interface the
+launcher prints a warning naming the ports it opened (docs/cluster_jobs.md, "Security").
 """
 
 from __future__ import annotations
@@ -29,12 +37,18 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Mapping, Sequence, TextIO
 
-from hetpipe_tf._args import check_int
+from hetpipe_tf._args import check_int, check_number
 from hetpipe_tf.cluster.lifetime import LAUNCHED_ENV, child_preexec, stop_processes
 
-GRACE_S = 10.0
+GRACE_S = 10.0        # seconds a process gets after SIGTERM before SIGKILL
+# Seconds the chief gets after Ctrl-C / SIGTERM of the launcher to stop (Keras raises at a
+# minibatch boundary, the runtimes drain against live workers) before the workers and ps
+# are stopped too; a second Ctrl-C stops everything at once.
+CHIEF_GRACE_S = 30.0
+PYTHON_WORDS = ("python", "python3")   # run as the launcher's own interpreter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +61,33 @@ class Task:
     @property
     def name(self) -> str:
         return f"{self.job}:{self.index}"
+
+
+def exit_status(returncode: int) -> int:
+    """The shell's exit status for a child's `Popen.returncode`: 128 + N for a child killed
+    by signal N (Popen reports -N), else the code itself."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(who: str, pid: int, returncode: int) -> str:
+    """How a process ended, e.g. "the chief (pid 12) was killed by SIGKILL" or
+    "worker:1 (pid 13) exited with code 3"."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"{who} (pid {pid}) was killed by {name}"
+    return f"{who} (pid {pid}) exited with code {returncode}"
+
+
+def resolve_command(command: Sequence[str], executable: str = sys.executable) -> list[str]:
+    """`command` with a first word `python` / `python3` replaced by `executable` (the
+    launcher's interpreter, so the job runs in the launcher's environment)."""
+    command = list(command)
+    if command and command[0] in PYTHON_WORDS:
+        command[0] = executable
+    return command
 
 
 def free_ports(n: int) -> list[int]:
@@ -111,11 +152,11 @@ def _stream(task: Task, pipe: TextIO, out: TextIO, lock: threading.Lock) -> None
 
 
 class Job:
-    """The processes of one launched job; `run()` returns the chief's exit code."""
+    """The processes of one launched job; `run()` returns the launcher's exit status."""
 
     def __init__(self, command: Sequence[str], tasks: Sequence[Task],
                  env: Mapping[str, str] | None = None, out: TextIO = sys.stdout,
-                 grace_s: float = GRACE_S):
+                 grace_s: float = GRACE_S, chief_grace_s: float = CHIEF_GRACE_S):
         if not command:
             raise ValueError("The launcher needs a command to run after '--'. Received: "
                              "command=[]; e.g. -- python examples/train_mlp.py")
@@ -124,10 +165,11 @@ class Job:
         self.env = dict(os.environ if env is None else env)
         self.out = out
         self.grace_s = grace_s
+        self.chief_grace_s = chief_grace_s
         self.procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self._readers: list[threading.Thread] = []
-        self._signal: int | None = None
+        self._signals: list[int] = []
         self._wake = threading.Event()
 
     def _say(self, text: str) -> None:
@@ -151,7 +193,7 @@ class Job:
             self._readers.append(t)
 
     def _on_signal(self, signum, frame) -> None:
-        self._signal = signum
+        self._signals.append(signum)
         self._wake.set()
 
     def _reap(self, pid: int) -> None:
@@ -162,27 +204,58 @@ class Job:
     def run(self) -> int:
         handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self._start()
+            try:
+                self._start()
+            except OSError as e:   # no such program, not executable
+                self._say(f"[launch] cannot start {self.command[0]!r}: {e.strerror or e}. "
+                          "Received: command=" + " ".join(self.command)
+                          + "; give a program on PATH or its path after '--'.")
+                return 127 if isinstance(e, FileNotFoundError) else 126
             chief, reported = self.procs[0], set()
-            while self._signal is None and chief.poll() is None:
+            while not self._signals and chief.poll() is None:
                 for task, p in zip(self.tasks[1:], self.procs[1:]):
                     if p.poll() is not None and task.name not in reported:
                         reported.add(task.name)
-                        self._say(f"[launch] {task.name} exited with code {p.returncode}")
+                        self._say(f"[launch] {describe_exit(task.name, p.pid, p.returncode)}")
                 self._wake.wait(0.1)
-            if self._signal is not None:
-                self._say(f"[launch] {signal.Signals(self._signal).name}: stopping the job")
-                firsts = [self._signal] + [signal.SIGTERM] * (len(self.procs) - 1)
-                self.stop(firsts)
-                return 128 + self._signal
+            if self._signals:
+                return self._interrupt(self._signals[0])
+            self._say(f"[launch] {describe_exit('the chief', chief.pid, chief.returncode)}")
             self.stop()
-            return chief.returncode
+            return exit_status(chief.returncode)
         finally:
             self.stop()
             for s, h in handlers.items():
                 signal.signal(s, h)
             for t in self._readers:
                 t.join(timeout=2)
+
+    def _interrupt(self, sig: int) -> int:
+        """The launcher got `sig`: the chief first, the others once it exited (or after
+        `chief_grace_s`, or at a second signal); returns 128 + sig."""
+        chief = self.procs[0]
+        name = signal.Signals(sig).name
+        self._say(f"[launch] {name}: sent to the chief (pid {chief.pid}); the workers and ps "
+                  f"are stopped once it exits (at most {self.chief_grace_s:g} s; Ctrl-C "
+                  "again stops every process now)")
+        signal_process_group(chief.pid, sig)
+        deadline = time.monotonic() + self.chief_grace_s
+        self._wake.clear()
+        while (chief.poll() is None and len(self._signals) < 2
+               and time.monotonic() < deadline):
+            self._wake.wait(0.05)
+            self._wake.clear()
+        if chief.returncode is not None:
+            self._say(f"[launch] {describe_exit('the chief', chief.pid, chief.returncode)}"
+                      "; stopping the workers and ps")
+        elif len(self._signals) >= 2:
+            self._say(f"[launch] {signal.Signals(self._signals[1]).name} again: stopping "
+                      "every process now")
+        else:
+            self._say(f"[launch] the chief (pid {chief.pid}) did not exit within "
+                      f"{self.chief_grace_s:g} s: stopping every process")
+        self.stop()
+        return 128 + sig
 
     def stop(self, firsts: Sequence[int] | int = signal.SIGTERM) -> None:
         """Stop every process by pid (its process group too), then reap them."""
@@ -196,16 +269,40 @@ class Job:
                 pass
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+def signal_process_group(pid: int, sig: int) -> None:
+    """Send `sig` to the process group `pid` leads (the launcher's children each lead
+    one), else to the process alone."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the usage is in --help)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_args(argv: Sequence[str], executable: str = sys.executable
+               ) -> tuple[argparse.Namespace, list[str]]:
+    """The launcher's flags and the command after '--' (`python` resolved); a usage error
+    (one line, exit status 2) without a command."""
     argv = list(argv)
     if "--" in argv:
         cut = argv.index("--")
         own, command = argv[:cut], argv[cut + 1:]
     else:
         own, command = argv, []
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m hetpipe_tf.launch",
-        description="Run a program as a local cluster job (chief, workers, ps) on 127.0.0.1.",
+        description="Run a program as a local cluster job (chief, workers, ps) on 127.0.0.1. "
+                    "The first word `python` or `python3` of the command runs the launcher's "
+                    f"own interpreter ({executable}).",
         epilog="example: python -m hetpipe_tf.launch --workers=2 --ps=1 -- "
                "python examples/train_mlp.py")
     parser.add_argument("--workers", type=int, default=2, help="worker tasks (>= 1)")
@@ -214,21 +311,27 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="LOCAL_CPU devices declared for each worker (>= 1)")
     parser.add_argument("--grace_s", type=float, default=GRACE_S,
                         help="seconds a process gets to exit after SIGTERM before SIGKILL")
+    parser.add_argument("--chief_grace_s", type=float, default=CHIEF_GRACE_S,
+                        help="after Ctrl-C/SIGTERM of the launcher: seconds the chief (which "
+                             "gets the signal alone) has to exit before the workers and ps "
+                             "are stopped")
     args = parser.parse_args(own)
-    if not command:
-        parser.error("no command: put the program after '--', e.g. "
+    if not command or not command[0].strip():
+        parser.error("no command after '--': put the program there, e.g. "
                      "-- python examples/train_mlp.py")
-    return args, command
+    return args, resolve_command(command, executable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         tasks = job_tasks(args.workers, args.ps, args.devices_per_worker)
+        for name in ("grace_s", "chief_grace_s"):
+            check_number(name, getattr(args, name), minimum=0, hint=f"pass e.g. --{name}=10")
     except ValueError as e:
         print(f"hetpipe_tf.launch: {e}", file=sys.stderr)
         return 2
-    job = Job(command, tasks, grace_s=args.grace_s)
+    job = Job(command, tasks, grace_s=args.grace_s, chief_grace_s=args.chief_grace_s)
     warning = exposure_warning(tasks, non_loopback_interfaces())
     if warning:
         job._say(warning)

@@ -13,16 +13,21 @@ with a gRPC deadline, so it returns within the deadline whatever the task's stat
 - `Health.REFUSED`: nothing listens at the address (the process is gone or not started);
 - `Health.SILENT`: no answer within the deadline (the process is frozen or overloaded).
 
-`wait_until_reachable(tasks, timeout_s)` probes every task until each answered (servers
-take seconds to import TensorFlow) and raises `TaskUnreachableError` naming the task and
-its address once `timeout_s` passed.
+`wait_until_reachable(tasks, timeout_s)` first resolves every task's host
+(`socket.getaddrinfo`: a host name that does not resolve is named at once,
+`Health.UNRESOLVED`), then probes every task until each answered (servers take seconds to
+import TensorFlow) and raises `TaskUnreachableError` naming the task and its address once
+`timeout_s` passed.
 """
 
 from __future__ import annotations
 
 import enum
+import socket
 import time
 from typing import Mapping
+
+from hetpipe_tf.cluster.tf_validation import split_address
 
 _METHOD = "/tensorflow.WorkerService/GetStatus"
 
@@ -31,14 +36,23 @@ class Health(enum.Enum):
     OK = "ok"
     REFUSED = "refused"
     SILENT = "silent"
+    UNRESOLVED = "unresolved"   # the host name does not resolve (never probed)
 
 
 class TaskUnreachableError(ConnectionError):
     """A task of the cluster did not answer before training (nothing listens there, or it
     does not answer TensorFlow's RPCs)."""
 
-    def __init__(self, task: str, address: str, health: Health, waited_s: float):
+    def __init__(self, task: str, address: str, health: Health, waited_s: float,
+                 detail: str = ""):
         self.task, self.address, self.health, self.waited_s = task, address, health, waited_s
+        if health is Health.UNRESOLVED:
+            host = split_address(address, task)[0]
+            super().__init__(
+                f"Task {task} at {address} cannot be reached: its host {host!r} does not "
+                f"resolve ({detail or 'getaddrinfo failed'}). Received: {task}={address!r}; "
+                "fix the host name (DNS or /etc/hosts of this machine) or give an IP address.")
+            return
         why = ("nothing listens there" if health is Health.REFUSED
                else "it accepts connections but does not answer TensorFlow's RPCs")
         super().__init__(
@@ -46,6 +60,18 @@ class TaskUnreachableError(ConnectionError):
             f"Received: {task}={address!r}; start its server (every process of the job runs "
             "the same program, e.g. with python -m hetpipe_tf.launch), fix the address, or "
             "raise fault_timeout_s if servers start slowly.")
+
+
+def check_resolvable(tasks: Mapping[str, str]) -> None:
+    """TaskUnreachableError (`Health.UNRESOLVED`) for the first task ({"worker:0":
+    "host:2222", ...}) whose host name does not resolve; IP addresses always pass."""
+    for name, address in tasks.items():
+        host, port = split_address(address, name)
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise TaskUnreachableError(name, address, Health.UNRESOLVED, 0.0,
+                                       e.strerror or str(e)) from None
 
 
 def probe(address: str, deadline_s: float) -> Health:
@@ -67,7 +93,9 @@ def probe(address: str, deadline_s: float) -> Health:
 def wait_until_reachable(tasks: Mapping[str, str], timeout_s: float,
                          interval_s: float = 0.25) -> None:
     """Probe every task ({"worker:0": "127.0.0.1:2222", ...}) until each answered once;
-    TaskUnreachableError for the first still silent after `timeout_s`."""
+    TaskUnreachableError at once for a host that does not resolve, else for the first
+    task still silent after `timeout_s`."""
+    check_resolvable(tasks)
     start = time.monotonic()
     pending = dict(tasks)
     last: dict[str, Health] = {}

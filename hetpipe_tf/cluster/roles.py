@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import os
 import sys
 from typing import Any, Mapping
 
 from hetpipe_tf.cluster.lifetime import LAUNCHED_ENV, die_with_parent
-from hetpipe_tf.cluster.tf_validation import validate_jobs, validate_task
+from hetpipe_tf.cluster.tf_validation import load_tf_config, validate_jobs, validate_task
 
 # Servers of an in-process cluster hang unless each has more inter-op threads than the
 # stages that run on it at once (DESIGN.md); 8 covers small jobs.
@@ -85,7 +84,7 @@ def find_task(cluster: Any = None, env: Mapping[str, str] | None = None) -> Task
         raw = env.get("TF_CONFIG")
         if not raw or not (cluster is None or _is_tf_cluster(cluster)):
             return None
-        config = json.loads(raw)
+        config = load_tf_config(raw)
         task = config.get("task") or {}
         if not task.get("type"):
             return None

@@ -3,22 +3,62 @@
 `validate_jobs` checks the {job: {task index: address}} form that `tf_cluster` parses every
 cluster spec into: job names TensorFlow's strategies know, "host:port" addresses with a
 port in 1..65535, no address given to two tasks, at most one chief. `validate_task` checks
-a (job, index) against it (TF_CONFIG's "task", a ClusterResolver's task). Each error says
-the value received and how to fix it, before a server or a connection is attempted.
+a (job, index) against it (TF_CONFIG's "task", a ClusterResolver's task). `load_tf_config`
+reads TF_CONFIG's JSON (an error names TF_CONFIG and where the JSON breaks) and the types
+of its entries. Each error says the value received and how to fix it, before a server or a
+connection is attempted.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
-from typing import Mapping
+from typing import Any, Mapping
 
+from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.errors import invalid as _bad
 
 # The job names TensorFlow's multi-worker and parameter-server strategies use.
 KNOWN_JOBS = ("chief", "master", "worker", "ps", "evaluator")
+HETPIPE_ENTRIES = ("devices", "inter_bandwidth", "intra_bandwidth", "device_types")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,62})"
                        r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,62}))*\.?$")
+
+
+def _excerpt(raw: str, pos: int, width: int = 40) -> str:
+    """`raw` (repr), or for a long one the part around `pos` with ... on the cut sides."""
+    if len(raw) <= 2 * width + 20:
+        return repr(raw)
+    lo, hi = max(0, pos - width), min(len(raw), pos + width)
+    return ("..." if lo else "") + repr(raw[lo:hi]) + ("..." if hi < len(raw) else "")
+
+
+def load_tf_config(raw: str) -> dict[str, Any]:
+    """TF_CONFIG's JSON as a dict whose "cluster", "task" and "hetpipe" entries (each
+    optional here) are JSON objects; ValueError naming TF_CONFIG otherwise."""
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise _bad(f"TF_CONFIG is not valid JSON: {e.msg} at line {e.lineno} column "
+                   f"{e.colno} (char {e.pos})", f"TF_CONFIG={_excerpt(raw, e.pos)}",
+                   'fix the JSON (double quotes around names and strings), e.g. '
+                   '{"cluster": {"worker": ["host:2222"]}, "task": {"type": "worker", '
+                   '"index": 0}}') from None
+    if not isinstance(config, dict):
+        raise _bad("TF_CONFIG must be a JSON object", f"TF_CONFIG={_excerpt(raw, 0)}",
+                   'write e.g. {"cluster": {...}, "task": {"type": "worker", "index": 0}}')
+    examples = {"cluster": '{"worker": ["host:2222"]}',
+                "task": '{"type": "worker", "index": 0}', "hetpipe": '{"devices": {...}}'}
+    for key, example in examples.items():
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise _bad(f"TF_CONFIG's {key!r} entry must be a JSON object",
+                       f"{key}={config[key]!r}", f'write e.g. "{key}": {example}')
+    unknown = set(config.get("hetpipe") or {}) - set(HETPIPE_ENTRIES)
+    if unknown:
+        raise _bad("TF_CONFIG 'hetpipe' section has unknown entries",
+                   f"hetpipe={config['hetpipe']!r}", f"use only {sorted(HETPIPE_ENTRIES)}")
+    return config
 
 
 def split_address(address: object, where: str = "address") -> tuple[str, int]:
@@ -95,7 +135,11 @@ def validate_task(jobs: Mapping[str, Mapping[int, str]], job: object, index: obj
     if not isinstance(job, str) or job not in jobs:
         raise _bad("The task's job is not in the cluster spec", f"task type={job!r}",
                    f"use one of {sorted(jobs)}")
-    if isinstance(index, bool) or not isinstance(index, int) or index not in jobs[job]:
+    hint = "write the task index as a JSON number"
+    if isinstance(index, str) and index.strip().isdigit():
+        hint = f'write it without quotes: "index": {int(index)}'
+    check_int("task index", index, minimum=0, hint=hint)
+    if index not in jobs[job]:
         raise _bad(f"The task index is out of range for job {job!r}",
                    f"task index={index!r}, tasks of {job}={sorted(jobs[job])}",
                    "set the index of one of the listed tasks")

@@ -1,4 +1,5 @@
-"""hetpipe_tf.launch: TF_CONFIG per process, logs with a task prefix, and no process left
+"""hetpipe_tf.launch: TF_CONFIG per process, logs with a task prefix, the exit status
+(128 + N for a chief killed by signal N), Ctrl-C to the chief first, and no process left
 after the job ends by success, error, SIGINT/SIGTERM/SIGKILL of the chief or of the
 launcher. The program run is tests/cluster/launch_child.py (no TensorFlow: quick); every
 process is looked up by pid and killed by pid in `finally`, also on failure."""
@@ -103,10 +104,40 @@ def test_exposure_warning_names_the_ports():
     assert "ports 4000, 4001, 4002" in text and "eth0" in text and "\n" not in text
 
 
-def test_command_is_required():
-    proc = subprocess.run([sys.executable, "-m", "hetpipe_tf.launch", "--workers=1"],
+def test_exit_status_and_the_line_naming_it():
+    assert [launch.exit_status(c) for c in (0, 3, -9, -2, -15)] == [0, 3, 137, 130, 143]
+    assert launch.describe_exit("the chief", 12, -9) == "the chief (pid 12) was killed by SIGKILL"
+    assert launch.describe_exit("worker:1", 13, 3) == "worker:1 (pid 13) exited with code 3"
+
+
+def test_python_means_the_launchers_interpreter():
+    args, command = launch.parse_args(["--workers=3", "--chief_grace_s=5", "--", "python",
+                                       "train.py", "--", "x"], executable="/venv/bin/python")
+    assert (args.workers, args.ps, args.chief_grace_s) == (3, 1, 5.0)
+    assert command == ["/venv/bin/python", "train.py", "--", "x"]
+    assert launch.resolve_command(["python3", "-c", "1"], "/e") == ["/e", "-c", "1"]
+    for first in ("/usr/bin/python", "python3.11", "bash"):   # an explicit choice stays
+        assert launch.resolve_command([first], "/e") == [first]
+    assert "own interpreter" in " ".join(
+        subprocess.run([sys.executable, "-m", "hetpipe_tf.launch", "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60).stdout.split())
+
+
+@pytest.mark.parametrize("argv", [["--workers=1"], ["--workers=1", "--"],
+                                  ["--workers=1", "--", ""]])
+def test_command_is_required(argv):
+    proc = subprocess.run([sys.executable, "-m", "hetpipe_tf.launch", *argv],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "no command" in proc.stderr
+    assert proc.returncode == 2 and "no command after '--'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_command_that_does_not_exist_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "hetpipe_tf.launch", "--workers=1", "--ps=0",
+                           "--", "/nonexistent/program"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 127 and "Traceback" not in proc.stdout + proc.stderr
+    assert "[launch] cannot start '/nonexistent/program'" in proc.stdout
 
 
 @pytest.mark.parametrize("action, code", [("exit0", 0), ("exit3", 3)])
@@ -157,7 +188,44 @@ def test_chief_killed_ends_the_job(sig):
     try:
         pids = job.ready()
         os.kill(pids["chief:0"], sig)
-        assert job.proc.wait(timeout=60) != 0
+        assert job.proc.wait(timeout=60) == 128 + sig
+        name = signal.Signals(sig).name
+        job.wait_for(rf"^\[launch\] the chief \(pid {pids['chief:0']}\) was killed by {name}$")
+        assert _all_gone(pids.values()) is True
+    finally:
+        job.cleanup()
+
+
+def _time_of(job, pattern):
+    return float(job.wait_for(pattern)[0].rsplit(" ", 1)[1])
+
+
+def test_sigint_goes_to_the_chief_first_and_the_others_after_it_exits():
+    """The chief alone gets Ctrl-C; the worker and ps get SIGTERM only after the chief,
+    busy 1 s after its SIGINT (a minibatch boundary), exited."""
+    job = Launched("trap", workers=1, extra=["--chief_grace_s=30"])
+    try:
+        pids = job.ready()
+        os.kill(job.proc.pid, signal.SIGINT)
+        assert job.proc.wait(timeout=60) == 128 + signal.SIGINT
+        chief_exit = _time_of(job, r"^\[chief:0\] exits at ")
+        for task in ("worker:0", "ps:0"):
+            assert _time_of(job, rf"^\[{task}\] SIGTERM at ") >= chief_exit
+        job.wait_for(r"^\[launch\] the chief \(pid \d+\) exited with code 0; stopping")
+        assert _all_gone(pids.values()) is True
+    finally:
+        job.cleanup()
+
+
+def test_a_chief_that_ignores_sigint_is_stopped_after_the_grace_period():
+    job = Launched("deaf", workers=1, extra=["--chief_grace_s=1.5"])
+    try:
+        pids = job.ready()
+        sent = time.time()
+        os.kill(job.proc.pid, signal.SIGINT)
+        assert job.proc.wait(timeout=60) == 128 + signal.SIGINT
+        assert _time_of(job, r"^\[worker:0\] SIGTERM at ") >= sent + 1.4
+        job.wait_for(r"did not exit within 1.5 s: stopping every process")
         assert _all_gone(pids.values()) is True
     finally:
         job.cleanup()
@@ -214,3 +282,32 @@ def test_example_job_with_two_declared_devices_per_worker():
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "[chief:0] final loss" in proc.stdout
+
+
+@pytest.mark.slow   # 4 TensorFlow processes: about 30 s on 2 cores
+def test_ctrl_c_of_the_example_job_raises_keyboard_interrupt_in_fit():
+    """Ctrl-C to the launcher reaches the chief alone: `fit` raises KeyboardInterrupt (not
+    UnavailableError from a worker stopped under it), the workers and ps are stopped after
+    the chief exited, nothing is left. `-- python` runs the launcher's own interpreter."""
+    job = Launched.__new__(Launched)
+    job.proc = subprocess.Popen(
+        [sys.executable, "-m", "hetpipe_tf.launch", "--workers=2", "--ps=1", "--grace_s=3",
+         "--chief_grace_s=120", "--", "python", "examples/train_mlp.py", "--epochs=200"],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    job.lines, job.tasks = [], 4
+    job._reader = threading.Thread(target=job._read, daemon=True)
+    job._reader.start()
+    try:
+        job.wait_for(r"^\[chief:0\] Epoch 2/200", timeout=300)
+        pids = job.pids()
+        os.kill(job.proc.pid, signal.SIGINT)
+        assert job.proc.wait(timeout=180) == 128 + signal.SIGINT
+        job._reader.join(timeout=10)
+        chief = "\n".join(ln for ln in job.lines if ln.startswith("[chief:0]"))
+        assert "KeyboardInterrupt" in chief and "UnavailableError" not in chief, chief[-3000:]
+        job.wait_for(r"^\[launch\] the chief \(pid \d+\) (was killed by SIGINT|exited with "
+                     r"code \d+); stopping the workers and ps$")
+        assert _all_gone(pids.values()) is True
+    finally:
+        job.cleanup()

@@ -44,6 +44,21 @@ def test_role_from_tf_config():
         roles.find_task(None, _env("worker", 5))
 
 
+@pytest.mark.parametrize("raw, match", [
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker" "index": 0}}',
+     r"TF_CONFIG is not valid JSON: Expecting ',' delimiter at line 1 column 68 \(char 67\)"),
+    (json.dumps({"cluster": CLUSTER, "task": {"type": "worker", "index": "1"}}),
+     "task index must be an integer >= 0. Received: task index='1'"),
+    (json.dumps({"cluster": CLUSTER, "task": "worker:1"}),
+     "TF_CONFIG's 'task' entry must be a JSON object"),
+])
+def test_bad_tf_config_is_named_before_any_role(raw, match):
+    """What every process of a job reads first (HetPipeStrategy's role dispatch)."""
+    with pytest.raises(ValueError, match=match) as e:
+        roles.find_task(None, {"TF_CONFIG": raw})
+    assert type(e.value) is ValueError and "out of range" not in str(e.value)
+
+
 def test_role_from_a_cluster_resolver():
     import tensorflow as tf
 

@@ -110,7 +110,7 @@ def test_from_tf_config_defaults_and_override():
 
 @pytest.mark.parametrize("env, match", [
     ({}, "TF_CONFIG is not set"),
-    ({"TF_CONFIG": "{not json"}, "not valid JSON"),
+    ({"TF_CONFIG": "{not json"}, r"TF_CONFIG is not valid JSON: .* at line 1 column 2"),
     ({"TF_CONFIG": json.dumps({"task": {}})}, "no 'cluster' entry"),
     ({"TF_CONFIG": json.dumps({"cluster": TF_SPEC, "hetpipe": {"devcies": {}}})},
      "unknown entries"),

@@ -47,12 +47,13 @@ class StepLogs:
     def reset(self, executor) -> None:
         """The model's metrics were reset: logs held so far are not this epoch's."""
         self._stale = None if executor is None else executor.logs
-        self._empty = None
+        # An empty last step's logs stay to be filled: an evaluate from a batch callback
+        # resets the metrics between that step and the epoch's end.
 
     def shown(self, executor, out: Any) -> Any:
         """What the train function returns for Keras' step outputs `out`."""
-        if executor is None or isinstance(executor, InGraphRuntime) or not isinstance(out,
-                                                                                      dict):
+        if (executor is None or isinstance(executor, InGraphRuntime)
+                or not isinstance(out, dict)):
             return out   # in graph: Keras' own step computed them
         # Read now, after the step: the step's own read may predate a completion.
         logs = executor.logs

@@ -177,41 +177,31 @@ def _slow_pipeline():
 
 
 class _Seen(keras.callbacks.Callback):
-    """The logs of every step, with the minibatches completed in its epoch by then."""
+    """The logs every step handed the callbacks."""
 
-    def __init__(self, strategy):
+    def __init__(self):
         super().__init__()
-        self.strategy, self.steps, self.base = strategy, [], 0
-
-    def _completed(self) -> int:
-        try:
-            return self.strategy.pipeline(self.model).completed
-        except KeyError:   # not built yet (the first epoch's start)
-            return 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.base = self._completed()
+        self.steps = []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.steps.append((dict(logs or {}), self._completed() - self.base))
+        self.steps.append(dict(logs or {}))
 
 
-def test_logs_of_completed_minibatches_only(capsys):
+def test_logs_of_computed_minibatches_only(capsys):
     x, y = regression_data(48)
     strategy = _slow_pipeline()
     model = _compiled(strategy)
-    seen = _Seen(strategy)
+    seen = _Seen()
     history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=1,
                         callbacks=[seen])
     assert len(seen.steps) == 12
-    for logs, completed in seen.steps:
-        if completed == 0:
-            assert logs == {}, seen.steps   # nothing computed in this epoch yet
-        else:
-            assert set(logs) in (set(), {"loss", "mae"})
-    # Each epoch opens with no values (not the previous epoch's), and shows some later.
-    assert seen.steps[0][0] == {} and seen.steps[6][0] == {}
-    assert any(logs for logs, _ in seen.steps[:6]) and any(logs for logs, _ in seen.steps[6:])
+    assert all(set(logs) in (set(), {"loss", "mae"}) for logs in seen.steps)
+    assert all(logs["loss"] > 0 for logs in seen.steps if logs)   # never zeros
+    # Each epoch opens with no values (its first minibatch is in flight), not the previous
+    # epoch's last ones, and shows computed ones later.
+    assert seen.steps[0] == {} and seen.steps[6] == {}, seen.steps
+    assert all(logs.get("loss") != history.history["loss"][0] for logs in seen.steps[6:])
+    assert any(seen.steps[:6]) and any(seen.steps[6:])
     # The progress bar: no zeros, and the first line has no loss.
     out = capsys.readouterr().out
     assert "0.0000e+00" not in out, out
@@ -226,14 +216,28 @@ def test_logs_of_completed_minibatches_only(capsys):
     strategy.close()
 
 
-def test_an_epoch_whose_steps_all_return_before_a_completion_keeps_its_history():
-    x, y = regression_data(16)
+class _EvaluateAt(keras.callbacks.Callback):
+    def __init__(self, x, y):
+        super().__init__()
+        self.x, self.y = x, y
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.model.evaluate(self.x, self.y, batch_size=8, verbose=0)
+
+
+def test_an_epoch_whose_last_step_showed_nothing_keeps_its_history():
+    x, y = regression_data(8)   # one step per epoch: it returns with its minibatch in flight
     strategy = _slow_pipeline()
     model = _compiled(strategy)
-    seen = _Seen(strategy)
+    seen = _Seen()
     history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
                         callbacks=[seen])
-    assert [logs for logs, _ in seen.steps] == [{}, {}, {}, {}]
-    assert len(history.history["loss"]) == 2 and len(history.history["mae"]) == 2
+    assert seen.steps[0] == {}
+    assert set(history.history) == {"loss", "mae"} and len(history.history["loss"]) == 2
     assert all(v > 0 for v in history.history["loss"])
+    # An evaluate from a batch callback resets the metrics between the last step and the
+    # epoch's end.
+    history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+                        callbacks=[_EvaluateAt(x, y)])
+    assert set(history.history) == {"loss", "mae"} and history.history["loss"][0] > 0
     strategy.close()

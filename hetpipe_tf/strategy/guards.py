@@ -12,9 +12,9 @@ epoch-end logs, validation and callbacks see every minibatch.
 
 What a train step shows (`StepLogs`): a threaded executor's step returns while its
 minibatch is still in flight, so the step hands Keras (the progress bar, batch callbacks)
-the logs of the latest completed minibatch since the metrics were last reset (each epoch,
-each evaluate, each train_on_batch), and no values at all before one completes: never
-zeros, never the previous epoch's. Keras keeps an epoch's metrics from
+the logs as of the latest minibatch whose loss and metrics the last stage computed since
+the metrics were last reset (each epoch, each evaluate, each train_on_batch), and no values
+at all before there is one: never zeros, never the previous epoch's. Keras keeps an epoch's metrics from
 `get_metrics_result` only where the last step's logs have the same keys, so an empty last
 step's logs are filled with the drained metrics when Keras reads them at the epoch's end.
 """

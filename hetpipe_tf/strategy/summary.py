@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hetpipe_tf.strategy.compensation import implied_staleness, optimizer_adjustment, predicts
+from hetpipe_tf.strategy.hetseq import DataParallel
 
 # What each training mode (strategy/modes.py) does, by class name.
 _MODES = {
@@ -85,7 +86,7 @@ def _stage_device(s) -> str:
 
 
 def _n_m_reason(options, layout) -> str:
-    if options.hetseq or options.schedule.synchronous:
+    if options.data_parallel.mode is DataParallel.HETSEQ or options.schedule.synchronous:
         return "one minibatch at a time: synchronous steps"
     if options.pipeline.n_m is not None:
         plans = options.layout.plans

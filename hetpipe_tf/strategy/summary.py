@@ -86,8 +86,10 @@ def _stage_device(s) -> str:
 
 
 def _n_m_reason(options, layout) -> str:
-    if options.data_parallel.mode is DataParallel.HETSEQ or options.schedule.synchronous:
-        return "one minibatch at a time: synchronous steps"
+    if options.data_parallel.mode is DataParallel.HETSEQ:
+        return "one minibatch at a time: HetSeq mode"
+    if options.schedule.synchronous:
+        return "one minibatch at a time: synchronous schedule"
     if options.pipeline.n_m is not None:
         plans = options.layout.plans
         return "the plan's" if plans and plans[0].n_m == options.pipeline.n_m else "given"
@@ -115,9 +117,9 @@ def _compensation(options, layout) -> str:
     chosen = options.compensation
     value, vws = chosen.value, max(len(layout.plans), 1)
     d = options.wsp.clock_distance
-    default = " (the default" + (", as nothing is stale in HetSeq's synchronous steps)"
-                                 if options.hetseq else
-                                 " where weights can be stale)")
+    default = (" (the default in HetSeq mode)"
+               if options.data_parallel.mode is DataParallel.HETSEQ
+               else " (the default where weights can be stale)")
     text = value.name + (default if chosen.by_default else "")
     if value.name == "NONE":
         return text

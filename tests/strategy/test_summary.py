@@ -90,7 +90,7 @@ def test_gpipe():
         "  VW 0: 2 stages",
         f"    stage 0: d1..d3 (3 layers) on {DEVICES[0]}",
         f"    stage 1: add..out (2 layers) on {DEVICES[1]}",
-        "  N_m = 1 (one minibatch at a time: synchronous steps)",
+        "  N_m = 1 (one minibatch at a time: synchronous schedule)",
         "  schedule: GPipe, 4 micro-batches per minibatch, one update per minibatch, "
         "re-materialized",
         "  compensation: BOTH (the default where weights can be stale), inactive: nothing is "
@@ -110,10 +110,9 @@ def test_hetseq():
         "    host0: host0/cpu0 (LOCAL_CPU on /device:CPU:0), host0/cpu1 (LOCAL_CPU on "
         "/device:CPU:1)",
         "  every device: the whole model, shares [5, 3] of each batch",
-        "  N_m = 1 (one minibatch at a time: synchronous steps)",
+        "  N_m = 1 (one minibatch at a time: HetSeq mode)",
         "  schedule: HetSeq, one synchronous update per batch",
-        "  compensation: NONE (the default, as nothing is stale in HetSeq's synchronous "
-        "steps)",
+        "  compensation: NONE (the default in HetSeq mode)",
     ])
 
 

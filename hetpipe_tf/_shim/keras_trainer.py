@@ -101,3 +101,24 @@ def flatten_logs(model: Any, logs: dict) -> Any:
     """Logs as a list in the order of `model.metrics_names` (train_on_batch's default)."""
     # Reason: the same; Keras' own ordering of its return value.
     return model._flatten_metrics_in_order(logs)
+
+
+# --- what the strategy prints at a model's first fit (strategy/summary.py) ---------------
+def fit_verbose(frame: Any) -> Any:
+    """The `verbose` argument of the Keras `fit` running in `frame` or a frame above it;
+    None when no fit runs (train_on_batch, a call outside fit)."""
+    # Reason: the strategy's block is printed at the first traced train step, silenced as
+    # fit's progress bar is, and only Keras fit's frame holds its `verbose`.
+    while frame is not None:
+        if frame.f_code.co_name == "fit" and "epoch_iterator" in frame.f_locals:
+            return frame.f_locals.get("verbose")
+        frame = frame.f_back
+    return None
+
+
+def print_msg(message: str) -> None:
+    """Print `message` as Keras prints its progress (stdout, or absl logging when
+    `keras.config.disable_interactive_logging()` is in force)."""
+    # Reason: Keras' own output function is not public.
+    from keras.src.utils.io_utils import print_msg as keras_print_msg
+    keras_print_msg(message)

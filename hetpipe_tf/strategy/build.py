@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from hetpipe_tf import _shim as _keras_shim
+from hetpipe_tf._shim import keras_trainer
 from hetpipe_tf.cluster.roles import connected_to_cluster
 from hetpipe_tf.partitioner.input_shapes import input_shapes_set, set_input_shapes
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
@@ -30,6 +31,7 @@ from hetpipe_tf.strategy.compensation import (log_choice, optimizer_adjustment,
                                                predictor_factory)
 from hetpipe_tf.strategy.layout import Layout, layout_for
 from hetpipe_tf.strategy.modes import Job, TrainingMode, mode_for
+from hetpipe_tf.strategy.summary import describe, print_summary
 from hetpipe_tf.strategy.validation import (check_batch, check_inter_op_threads, check_model,
                                             check_plan)
 
@@ -119,6 +121,7 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
     that applies builds it (strategy/modes.py). `place_locally` and `guard_model` are the
     strategy's (variables in the caller's device scope; the model's wrappers)."""
     frame = sys._getframe(1)
+    first_fit = layout is None
     fix_open_inputs(model, data, frame)
     check_model(model, strategy)
     batch_size = check_batch(data, lambda: _keras_shim.fit_first_batch(frame, False)[0])
@@ -188,6 +191,13 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
         except ValueError:
             runtime.close()
             raise
+    if first_fit:   # what was chosen, through Keras' output (silenced by fit's verbose=0)
+        verbose = keras_trainer.fit_verbose(frame)
+        if verbose:
+            shares = getattr(getattr(runtime, "shares", None), "sizes", None)
+            print_summary(describe(options, layout, mode, options.layout.cluster_or_none(),
+                                   model_name=model.name, executor=type(runtime).__name__,
+                                   shares=shares), verbose)
     for w, p in enumerate(layout.plans):
         logger.info("HetPipe virtual worker %d of %d for %s:\n%s", w, len(layout.plans),
                     model.name, p.table())

@@ -9,6 +9,14 @@ when read or written (docs/state.md). `make_train_function`: each Keras train fu
 to the runtime its trace built, so an in-graph runtime opens its run before a call and
 records the call after it. `get_metrics_result` (installed at each build) drains first, so
 epoch-end logs, validation and callbacks see every minibatch.
+
+What a train step shows (`StepLogs`): a threaded executor's step returns while its
+minibatch is still in flight, so the step hands Keras (the progress bar, batch callbacks)
+the logs as of the latest minibatch whose loss and metrics the last stage computed since
+the metrics were last reset (each epoch, each evaluate, each train_on_batch), and no values
+at all before there is one: never zeros, never the previous epoch's. Keras keeps an epoch's metrics from
+`get_metrics_result` only where the last step's logs have the same keys, so an empty last
+step's logs are filled with the drained metrics when Keras reads them at the epoch's end.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import functools
 import inspect
 import threading
 import time
+from typing import Any
 
 import tensorflow as tf
 
@@ -26,6 +35,47 @@ from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.runtime import PipelineError
 from hetpipe_tf.strategy import training_state
 from hetpipe_tf.strategy.build import compiled_state, same_compile
+
+
+class StepLogs:
+    """The logs a threaded executor's train step shows Keras (module docstring)."""
+
+    def __init__(self):
+        self._stale: Any = None     # the executor's logs when the metrics were last reset
+        self._empty: dict | None = None   # the last step's empty logs, until filled
+
+    def reset(self, executor) -> None:
+        """The model's metrics were reset: logs held so far are not this epoch's."""
+        self._stale = None if executor is None else executor.logs
+        # An empty last step's logs stay to be filled: an evaluate from a batch callback
+        # resets the metrics between that step and the epoch's end.
+
+    def shown(self, executor, out: Any) -> Any:
+        """What the train function returns for Keras' step outputs `out`."""
+        if (executor is None or isinstance(executor, InGraphRuntime)
+                or not isinstance(out, dict)):
+            return out   # in graph: Keras' own step computed them
+        # Read now, after the step: the step's own read may predate a completion.
+        logs = executor.logs
+        if logs is None or logs is self._stale:
+            self._empty = {}
+            return self._empty
+        self._empty = None
+        return {k: logs[k] for k in out if k in logs}
+
+    def fill(self, result: dict) -> None:
+        """The metrics were read (drained): an empty last step's logs get them."""
+        if self._empty is not None:
+            self._empty.update(result)
+            self._empty = None
+
+
+def _step_logs(model) -> StepLogs:
+    logs = model.__dict__.get("_hetpipe_step_logs")
+    if logs is None:
+        logs = StepLogs()
+        object.__setattr__(model, "_hetpipe_step_logs", logs)
+    return logs
 
 
 def guard_model(extended, model) -> None:
@@ -118,6 +168,7 @@ def guard_model(extended, model) -> None:
         if fn is None or getattr(fn, "_hetpipe_calls", False):
             return fn
         bound: list = []   # the runtime this Keras function was traced with
+        step_logs = _step_logs(model)
 
         def train_function(iterator):
             # An in-graph runtime opens its run before a call (refusing when closed)
@@ -136,17 +187,25 @@ def guard_model(extended, model) -> None:
                     rt = bound[0]
             if rt is not None:
                 rt.end_call(t0, model.steps_per_execution)
-            return out
+            t = extended.pipelines.get(id(model))
+            return step_logs.shown(None if t is None else t.executor, out)
 
         train_function._hetpipe_calls = True
         model.train_function = train_function
         return train_function
+
+    def reset_metrics(*args, _original=model.reset_metrics, **kwargs):
+        t = extended.pipelines.get(id(model))
+        _step_logs(model).reset(None if t is None else t.executor)
+        return _original(*args, **kwargs)
 
     object.__setattr__(model, "fit", guarded("fit"))
     for name in ("evaluate", "predict", "test_on_batch", "predict_on_batch"):
         object.__setattr__(model, name, guarded(name, drain_first=True))
     object.__setattr__(model, "train_on_batch", own_logs(guarded("train_on_batch")))
     object.__setattr__(model, "make_train_function", make_train_function)
+    object.__setattr__(model, "reset_metrics",
+                       functools.wraps(model.reset_metrics)(reset_metrics))
     if model.__dict__.get("train_function") is not None:
         # Guarded during the first trace (compiled outside the scope): Keras reads
         # model.train_function before every call, so the wrapper serves from the next.
@@ -162,10 +221,14 @@ def guard_model(extended, model) -> None:
 def install_draining_metrics(extended, model, original) -> None:
     """Replace the model's `get_metrics_result` (the class's own, bound: `original`) by one
     that drains first: Keras reads the metrics at the end of every epoch (and of evaluate),
-    so they, the validation that follows and epoch-end callbacks see every minibatch."""
+    so they, the validation that follows and epoch-end callbacks see every minibatch; an
+    empty last step's logs get them (`StepLogs.fill`)."""
     def get_metrics_result():
         if tf.executing_eagerly() and threading.get_ident() not in extended._runtime_threads:
             extended.drain()
+            result = original()
+            _step_logs(model).fill(result)
+            return result
         return original()
 
     object.__setattr__(model, "get_metrics_result", get_metrics_result)

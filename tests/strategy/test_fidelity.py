@@ -147,6 +147,46 @@ def test_seeded_input_pipeline_equals_plain_keras(data):
     assert max_dw(plain, ours) <= 1e-6
 
 
+class _Batches(keras.utils.PyDataset):
+    def __init__(self, x, y, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x) // BATCH
+
+    def __getitem__(self, i):
+        return self.x[i * BATCH:(i + 1) * BATCH], self.y[i * BATCH:(i + 1) * BATCH]
+
+
+def test_a_shuffled_py_dataset_equals_plain_keras():
+    """Keras shuffles a PyDataset's order with Python's random at each pass: no pass more
+    than plain Keras's (MirroredStrategy makes one, docs/strategy.md)."""
+    def run(strategy_fn=None):
+        keras.utils.set_random_seed(0)
+        strategy = strategy_fn() if strategy_fn else None
+        with strategy.scope() if strategy else _null():
+            model, shape = _dropout()
+            model.compile(keras.optimizers.SGD(0.05), "mse")
+        model.fit(_Batches(*_data(shape)), epochs=EPOCHS, verbose=0, shuffle=True)
+        if strategy is not None:
+            strategy.close()
+        return model.get_weights()
+
+    assert max_dw(run(), run(planner_strategy)) <= 1e-6
+
+
+def test_the_batch_size_of_a_pipeline_is_read_from_its_structure():
+    from hetpipe_tf._shim import dataset_batch_size
+
+    ds = tf.data.Dataset.range(20).shuffle(20, seed=1)
+    assert dataset_batch_size(ds.batch(8).map(lambda v: v * 2).prefetch(2).repeat()) == 8
+    assert dataset_batch_size(ds.padded_batch(6).cache().take(2)) == 6
+    assert dataset_batch_size(ds.batch(8).unbatch().batch(4)) == 4
+    assert dataset_batch_size(ds.batch(8).unbatch()) is None   # elements, not batches
+    assert dataset_batch_size(ds) is None
+
+
 def main() -> None:
     rows = [(kind, "numpy", MODELS[kind]) for kind in MODELS]
     rows += [("Dropout", data, _dropout) for data in ("shuffle", "augment", "both")]

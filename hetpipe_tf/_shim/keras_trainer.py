@@ -104,7 +104,7 @@ def fit_first_batch(frame: Any, need_batch: bool = True) -> tuple[int | None, An
 # size: a larger batch than planned is then refused by name when it arrives).
 _SIZE_KEEPING = frozenset({
     "_MapDataset", "_ParallelMapDataset", "_PrefetchDataset", "_ShuffleDataset",
-    "_RepeatDataset", "_TakeDataset", "_SkipDataset", "_CacheDataset", "_FilterDataset",
+    "_RepeatDataset", "_TakeDataset", "_SkipDataset", "CacheDataset", "_FilterDataset",
     "_OptionsDataset", "_IgnoreErrorsDataset", "_AssertCardinalityDataset",
     "_ShardDataset", "_MaxIntraOpParallelismDataset", "_PrivateThreadPoolDataset",
     "DatasetV1Adapter"})

@@ -1,7 +1,8 @@
 """HetPipe for TensorFlow 2: pipelined model parallelism over heterogeneous GPUs.
 
     import hetpipe_tf as hp
-    strategy = hp.HetPipeStrategy(cluster)
+    hp.configure_logical_devices(2)            # a local cluster: 2 logical CPUs, first
+    strategy = hp.HetPipeStrategy(hp.Cluster.local(["CPU"] * 2))
     with strategy.scope():
         model = ...; model.compile(...)
     model.fit(dataset, ...)
@@ -20,6 +21,7 @@ _PUBLIC = {
     "Cluster": "hetpipe_tf.cluster.spec",
     "Device": "hetpipe_tf.cluster.spec",
     "Host": "hetpipe_tf.cluster.spec",
+    "configure_logical_devices": "hetpipe_tf.cluster.local",
     "PartitionError": "hetpipe_tf.partitioner.plan",
     "Plan": "hetpipe_tf.partitioner.plan",
     "plan_model": "hetpipe_tf.partitioner.planner",

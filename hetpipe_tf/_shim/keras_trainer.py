@@ -2,7 +2,13 @@
 
 The compiled loss and metrics the last stage updates, whether a model overrides a Trainer
 method, the model whose `compile` / `fit` is running (read from the caller's frames), the
-batch size of the data `fit` iterates, and `train_on_batch`'s logs (Keras 3.15).
+batch size of the data `fit` iterates, the symbolic build Keras runs under a strategy, and
+`train_on_batch`'s logs (Keras 3.15).
+
+Reading the user's data starts a pass over it, and each pass of a tf.data pipeline draws
+its seeded `shuffle()` and its `.map()` augmentation anew (a PyDataset with shuffle=True
+draws a new order): so nothing here reads a batch where the data's structure tells what is
+needed (`build_from_element_spec`, `dataset_batch_size`).
 """
 
 from __future__ import annotations
@@ -76,6 +82,10 @@ def fit_first_batch(frame: Any, need_batch: bool = True) -> tuple[int | None, An
         return None, None
     if not need_batch and isinstance(adapter.batch_size, int):
         return adapter.batch_size, None
+    if not need_batch and isinstance(adapter.get_tf_dataset(), tf.data.Dataset):
+        size = dataset_batch_size(adapter.get_tf_dataset())   # read from its .batch(n)
+        if size is not None:
+            return size, None
     first = getattr(adapter, "_first_batches", None)          # Python generator: peeked
     if first is None and getattr(adapter, "py_dataset", None) is not None:
         first = [adapter.py_dataset[0]]                        # as Keras reads it for specs
@@ -88,6 +98,61 @@ def fit_first_batch(frame: Any, need_batch: bool = True) -> tuple[int | None, An
                  for t in tf.nest.flatten(batch) if getattr(t, "shape", None)]
         size = max(sizes) if sizes else None
     return size, (first[0] if first else None)
+
+
+# Datasets that pass every element on unchanged in size (a `.map()` may change a batch's
+# size: a larger batch than planned is then refused by name when it arrives).
+_SIZE_KEEPING = frozenset({
+    "_MapDataset", "_ParallelMapDataset", "_PrefetchDataset", "_ShuffleDataset",
+    "_RepeatDataset", "_TakeDataset", "_SkipDataset", "CacheDataset", "_FilterDataset",
+    "_OptionsDataset", "_IgnoreErrorsDataset", "_AssertCardinalityDataset",
+    "_ShardDataset", "_MaxIntraOpParallelismDataset", "_PrivateThreadPoolDataset",
+    "DatasetV1Adapter"})
+_BATCHING = frozenset({"_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset"})
+
+
+def dataset_batch_size(dataset: Any) -> int | None:
+    """The n of the `.batch(n)` / `.padded_batch(n)` that makes `dataset`'s elements, read
+    from the pipeline's structure (no element is read), or None when a step between that
+    batching and the end may change the size (unbatch, rebatch, flat_map, ...) or none is
+    found."""
+    # Reason: tf.data keeps the batch size only in its private dataset classes'
+    # `_batch_size` and links each dataset to its input by `_input_dataset`.
+    while dataset is not None:
+        name = type(dataset).__name__
+        if name in _BATCHING:
+            value = tf.get_static_value(getattr(dataset, "_batch_size", None))
+            return int(value) if value is not None and int(value) > 0 else None
+        if name not in _SIZE_KEEPING:
+            return None
+        dataset = getattr(dataset, "_input_dataset", getattr(dataset, "_dataset", None))
+    return None
+
+
+def build_from_element_spec(model: keras.Model) -> None:
+    """Make Keras' symbolic build under a strategy (fit, evaluate, predict) take the
+    shapes and dtypes from the data's `element_spec` instead of reading a first batch, as
+    plain Keras (no strategy, no symbolic build) reads none. Installed once per model."""
+    # Reason: TensorFlowTrainer._maybe_symbolic_build starts a pass over the data (one
+    # batch) only to make KerasTensors of its shapes; that pass draws the data's seeded
+    # shuffle and augmentation once more than plain Keras, so the epochs that follow see
+    # other orders and masks. The element spec gives the same shapes without a pass.
+    if "_maybe_symbolic_build" in vars(model):
+        return
+    original = model._maybe_symbolic_build
+
+    def build(iterator: Any = None, data_batch: Any = None) -> Any:
+        if iterator is not None and data_batch is None:
+            spec = getattr(getattr(iterator, "_distributed_dataset", None), "element_spec",
+                           None)
+            if spec is not None and all(isinstance(s, tf.TensorSpec)
+                                        for s in tf.nest.flatten(spec)):
+                batch = tf.nest.map_structure(
+                    lambda s: keras.KerasTensor(tuple(s.shape), s.dtype.name), spec)
+                return original(data_batch=batch)
+        return original(iterator=iterator, data_batch=data_batch)
+
+    model._maybe_symbolic_build = build
 
 
 def pythonify_logs(logs: Any) -> dict:

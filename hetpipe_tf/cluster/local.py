@@ -1,7 +1,7 @@
 """Local emulation: a heterogeneous `Cluster` played by logical CPU devices of this machine.
 
 `local_hosts` builds the hosts of `Cluster.local`: every declared device becomes the
-logical CPU "/device:CPU:i", keeps its type's catalog memory and speed for planning, and is
+logical CPU "/device:CPU:i" (the type "CPU" names this machine's CPU, `LOCAL_CPU`), keeps its type's catalog memory and speed for planning, and is
 slowed down at run time by its `emulated_speed_factor`. `configure_logical_devices` splits
 the CPU into those logical devices before TensorFlow starts; `relative_speed_factors`
 gives factors proportional to the types' peak FLOP/s.
@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from hetpipe_tf._args import check_int
 
 from hetpipe_tf.cluster.catalog import (
+    LOCAL_CPU_NAME,
     DeviceType,
     canonical_type_name,
     get_device_type,
@@ -34,7 +35,7 @@ def local_hosts(
     groups = _group_device_types(device_types, hosts)
     # DeviceType values are registered so that the cluster can refer to them by name.
     flat = [register_device_type(t).name if isinstance(t, DeviceType)
-            else get_device_type(t).name for g in groups for t in g]
+            else get_device_type(_local_name(t)).name for g in groups for t in g]
     factors = _speed_factors(emulated_speed_factors, flat)
     host_list = []
     i = 0
@@ -70,6 +71,14 @@ def relative_speed_factors(type_names: Iterable[str]) -> dict[str, float]:
     return {t.name: t.peak_flops / fastest for t in types}
 
 
+def _local_name(name: Any) -> Any:
+    """"CPU" (TensorFlow's device type, what a user of a local cluster writes) is this
+    machine's CPU, the catalog's LOCAL_CPU; any other name is looked up as it is."""
+    if isinstance(name, str) and name.strip().upper() == "CPU":
+        return LOCAL_CPU_NAME
+    return name
+
+
 def _group_device_types(device_types: Sequence[Any], hosts: int) -> list[list[Any]]:
     if isinstance(device_types, (str, DeviceType)) or not isinstance(device_types, Sequence):
         raise _bad("device_types must be a list of type names (or one list per host)",
@@ -100,7 +109,7 @@ def _speed_factors(
     if factors is None:
         return [1.0] * len(flat)
     if isinstance(factors, Mapping):
-        by_type = {canonical_type_name(k): v for k, v in factors.items()}
+        by_type = {canonical_type_name(_local_name(k)): v for k, v in factors.items()}
         return [by_type.get(t, 1.0) for t in flat]
     if isinstance(factors, str) or len(factors) != len(flat):
         raise _bad("emulated_speed_factors needs one factor per device",

@@ -9,8 +9,11 @@
   inputs and trainable weights) in a `tf.function` on random inputs, one warm-up call,
   median of `repeats`, minus the cost of calling an empty tf.function on that device (a
   stage runs as one function, so that cost is not a layer's; floor `MIN_MEASURED_S`).
-  Non-trainable weights (BatchNorm moving statistics) are restored afterwards, so timing
-  leaves the model unchanged.
+  Every variable of every layer it runs (`layer.variables`: weights, BatchNorm moving
+  statistics, and the state of each Keras `SeedGenerator` that Dropout, GaussianNoise or an
+  augmentation layer draws from) is restored afterwards, and the random inputs are drawn
+  statelessly (no global op seed consumed): timing leaves every random stream where plain
+  Keras would find it.
 """
 
 from __future__ import annotations
@@ -72,17 +75,40 @@ def forward_flops(graph: LayerGraph, batch_size: int) -> tuple[int, ...]:
     return tuple(flops)
 
 
+def graph_variables(graph: LayerGraph) -> list:
+    """Every variable the layers of `graph` own, seed generators' states included
+    (`layer.variables`; deduplicated: a shared layer has several nodes)."""
+    seen: dict[int, Any] = {}
+    for i in range(len(graph)):
+        for v in getattr(graph.layer_of(i), "variables", ()):
+            seen.setdefault(id(v), v)
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def preserved(variables: Sequence[Any]) -> Iterator[None]:
+    """Restore every variable in `variables` to its value on entry, on exit."""
+    saved = [(v, v.numpy()) for v in variables]
+    try:
+        yield
+    finally:
+        for v, value in saved:
+            v.assign(value)
+
+
 def measure_layer_times(graph: LayerGraph, batch_size: int, device: str,
                         repeats: int = 3) -> tuple[float, ...]:
-    """Median forward+backward seconds of each node at `batch_size` on `device`.
+    """Median forward+backward seconds of each node at `batch_size` on `device`; every
+    variable of the graph's layers is left as it was (module docstring).
 
     The cost of calling an empty tf.function on `device` is subtracted (floored at
     `MIN_MEASURED_S`): a pipeline stage is one compiled function, so the per-call cost
     must not be charged to each of its layers.
     """
     call_cost = _call_overhead(device, max(repeats, 5))
-    return tuple(max(_measure_node(graph, i, batch_size, device, repeats) - call_cost,
-                     MIN_MEASURED_S) for i in range(len(graph)))
+    with preserved(graph_variables(graph)):
+        return tuple(max(_measure_node(graph, i, batch_size, device, repeats) - call_cost,
+                         MIN_MEASURED_S) for i in range(len(graph)))
 
 
 def _call_overhead(device: str, repeats: int) -> float:
@@ -108,8 +134,6 @@ def _measure_node(graph: LayerGraph, i: int, batch_size: int, device: str, repea
     node = graph.nodes[i]
     layer = graph.layer_of(i)
     trainable = list(getattr(layer, "trainable_weights", ()))
-    state = list(getattr(layer, "non_trainable_weights", ()))
-    saved = [w.numpy() for w in state]
 
     @tf.function(autograph=False)
     def step(*inputs: tf.Tensor) -> tf.Tensor:
@@ -129,15 +153,14 @@ def _measure_node(graph: LayerGraph, i: int, batch_size: int, device: str, repea
     with tf.device(device):
         inputs = [random_tensor((batch_size, *graph.tensor_shape(ref)), graph.tensor_dtype(ref))
                   for ref in node.inputs]
-        seconds = _median_seconds(step, inputs, repeats)
-    for weight, value in zip(state, saved):
-        weight.assign(value)
-    return seconds
+        return _median_seconds(step, inputs, repeats)
 
 
 def random_tensor(shape: tuple[int, ...], dtype: str) -> tf.Tensor:
+    """Random values drawn statelessly: an unseeded `tf.random.normal` would advance the
+    global op-seed counter that the user's later unseeded random ops read."""
     dtype = tf.as_dtype(dtype)
     if dtype.is_floating:
-        return tf.random.normal(shape, dtype=dtype)
+        return tf.random.stateless_normal(shape, seed=[0, 0], dtype=dtype)
     return tf.zeros(shape, dtype=dtype)  # index 0 is valid for embeddings and lookups
 

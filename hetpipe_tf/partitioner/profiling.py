@@ -12,6 +12,11 @@
   device types of one kind do, so the class is the unit of calibration. Update times are
   calibrated with one ratio per kind (pooled over all layers: an update is elementwise
   whatever the layer class).
+
+Profiling leaves the model and its optimizer as it found them: every variable of every
+layer (`layer.variables`, seed generators' states included) and every variable of a Keras
+optimizer (its iterations and slots) is restored when `profile_model` returns or raises,
+so a model planned at its first fit trains exactly as the same model unplanned.
 """
 
 from __future__ import annotations
@@ -27,7 +32,12 @@ from hetpipe_tf._args import check_int
 from hetpipe_tf.cluster.catalog import DeviceKind, DeviceType, canonical_type_name, get_device_type
 from hetpipe_tf.partitioner.cost import optimizer_slots
 from hetpipe_tf.partitioner.layer_graph import LayerGraph
-from hetpipe_tf.partitioner.layer_timing import forward_flops, measure_layer_times
+from hetpipe_tf.partitioner.layer_timing import (
+    forward_flops,
+    graph_variables,
+    measure_layer_times,
+    preserved,
+)
 from hetpipe_tf.partitioner.profile import (
     DEFAULT_EFFICIENCY,
     LayerCost,
@@ -74,7 +84,17 @@ def profile_model(
     graph = model if isinstance(model, LayerGraph) else LayerGraph.from_model(model)
     if optimizer is None and not isinstance(model, LayerGraph):
         optimizer = getattr(model, "optimizer", None)
+    state = graph_variables(graph)
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        state += list(optimizer.variables)
+    with preserved(state):
+        return _profile(graph, batch_size, resolved, measure, measure_batch_size, repeats,
+                        efficiency, optimizer)
 
+
+def _profile(graph: LayerGraph, batch_size: int, resolved: Mapping[str, DeviceType],
+             measure: Mapping[str, str], measure_batch_size: int, repeats: int,
+             efficiency: Mapping[DeviceKind, float], optimizer: Any) -> ModelProfile:
     has_weights = [bool(getattr(graph.layer_of(i), "trainable_weights", ())) for i in range(len(graph))]
     fwd = forward_flops(graph, batch_size)
     flops = [f * (3 if w else 2) for f, w in zip(fwd, has_weights)]

@@ -133,6 +133,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
         fitting = _keras_shim.calling_model(sys._getframe(1), ("fit",))
         if fitting is not None:
             self._check_compiled_here(fitting)
+            _keras_shim.build_from_element_spec(fitting)   # no extra pass over the data
         return dataset
 
     def _check_compiled_here(self, model) -> None:

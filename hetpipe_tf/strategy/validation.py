@@ -77,7 +77,11 @@ def check_model(model, strategy) -> None:
                 f"HetPipeStrategy runs its own pipelined training step, so a model class that "
                 f"overrides {name}() cannot be trained by it (the override would be silently "
                 f"ignored). Received: model class {type(model).__name__} overrides {name}; "
-                f"use a model without the override (losses and metrics via compile()).")
+                "use a Functional or Sequential model without the override: the loss and "
+                "metrics via compile(), and any extra loss term (a VAE's KL divergence, a "
+                "regulariser of activations) from a layer that calls self.add_loss(...) in "
+                "its call(), which every stage adds to the compiled loss "
+                "(docs/strategy.md \"Custom training loops\").")
     if model.distribute_strategy is not strategy:
         raise ValueError(
             "The model was not created inside HetPipeStrategy.scope(). Received: "
@@ -272,8 +276,7 @@ def check_plan_devices(plan, cluster=None) -> None:
                 f"Stage {s.index} of the plan names a device that does not exist in this "
                 "process, where TensorFlow would silently run it on another device. "
                 f"Received: tf_device={s.tf_device!r}; use one of {local} "
-                "(tf.config.list_logical_devices()), create more logical devices with "
-                "tf.config.set_logical_device_configuration before TensorFlow starts, or "
+                f"(tf.config.list_logical_devices()), {_more_devices_hint(plan, s.tf_device)}, or "
                 "connect to the cluster (tf.config.experimental_connect_to_cluster) "
                 "before fit.")
     if cluster is None:
@@ -290,6 +293,21 @@ def check_plan_devices(plan, cluster=None) -> None:
             + ", ".join(f"{d.name}={d.tf_device}" for d in cluster.devices[:8])
             + (", ..." if len(cluster.devices) > 8 else "")
             + ") or pass the cluster the plan was made for.")
+
+
+def _more_devices_hint(plan, missing: str) -> str:
+    """How to make the logical CPUs a local plan needs: hetpipe_tf's own call."""
+    if (tf.DeviceSpec.from_string(missing).device_type or "CPU").upper() != "CPU":
+        return ("create more logical devices with tf.config.set_logical_device_configuration "
+                "before TensorFlow starts")
+    indices = [tf.DeviceSpec.from_string(st.tf_device).device_index or 0
+               for st in plan.stages
+               if (tf.DeviceSpec.from_string(st.tf_device).device_type or "CPU").upper() == "CPU"]
+    n = max(indices, default=0) + 1
+    return (f"split this machine's CPU into {n} logical devices at the top of the program, "
+            "before TensorFlow starts: `import hetpipe_tf as hp; "
+            f"hp.configure_logical_devices({n})` (hetpipe_tf.cluster.local; a "
+            f"Cluster.local([\"CPU\"] * {n}) runs on them)")
 
 
 def _given_cluster(model):

@@ -14,6 +14,20 @@ GIB = 2**30
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def test_cpu_is_this_machines_cpu_type():
+    """TensorFlow's device type "CPU" is what a user of a local cluster writes: it is the
+    catalog's LOCAL_CPU (speed factors by type name too)."""
+    c = Cluster.local(["CPU", "cpu", "LOCAL_CPU"], emulated_speed_factors={"CPU": 0.5})
+    assert [(d.type_name, d.tf_device, d.emulated_speed_factor) for d in c.devices] == [
+        ("LOCAL_CPU", f"/device:CPU:{i}", 0.5) for i in range(3)]
+
+
+def test_configure_logical_devices_is_public():
+    import hetpipe_tf
+
+    assert hetpipe_tf.configure_logical_devices is configure_logical_devices
+
+
 def test_local_maps_devices_to_logical_cpus():
     types = ["TITAN_V", "TITAN_RTX", "RTX_2060", "QUADRO_P4000"]
     c = Cluster.local(types, hosts=2, emulated_speed_factors=[1.0, 0.9, 0.5, 0.4])

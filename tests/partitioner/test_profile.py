@@ -112,6 +112,25 @@ def test_profiling_leaves_model_state_unchanged(model):
         np.testing.assert_array_equal(w.numpy(), b)
 
 
+def test_profiling_leaves_seed_generators_and_the_optimizer_unchanged():
+    """Every variable a layer owns (seed generators' states of Dropout, GaussianNoise,
+    augmentation layers) and the compiled optimizer's are as before profiling."""
+    x = keras.Input((6, 6, 1))
+    h = keras.layers.RandomFlip("horizontal")(x)
+    h = keras.layers.Flatten()(keras.layers.SpatialDropout2D(0.3)(h))
+    h = keras.layers.GaussianNoise(0.2)(keras.layers.Dense(8)(h))
+    m = keras.Model(x, keras.layers.Dense(1)(keras.layers.Dropout(0.5)(h)))
+    m.compile(keras.optimizers.Adam(0.1), "mse")
+    m.optimizer.build(m.trainable_variables)
+    m.optimizer.iterations.assign(3)
+    state = m.variables + m.optimizer.variables
+    assert sum("seed_generator" in v.path for v in state) >= 4   # the test sees them
+    before = [np.array(v.numpy()) for v in state]
+    profile_model(m, BATCH, ["LOCAL_CPU"], measure_on={"LOCAL_CPU": "/CPU:0"}, repeats=1)
+    for v, b in zip(state, before):
+        np.testing.assert_array_equal(v.numpy(), b, err_msg=v.path)
+
+
 def test_json_round_trip(profile):
     text = profile.to_json()
     again = ModelProfile.from_json(text)

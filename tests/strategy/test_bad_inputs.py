@@ -36,7 +36,8 @@ def test_model_overriding_train_step():
         inp = keras.Input((8,))
         model = Custom(inp, keras.layers.Dense(1)(keras.layers.Dense(4)(inp)))
         model.compile("sgd", "mse")
-    _fit_raises(model, "overrides train_step")
+    err = _fit_raises(model, "overrides train_step")
+    assert "add_loss" in str(err) and "compile()" in str(err)   # the route a VAE takes
 
 
 def test_an_open_batch_dimension_with_no_batch_size_to_plan_for_is_refused():
@@ -161,6 +162,35 @@ def test_plan_naming_a_device_that_does_not_exist(device):
     model = _compiled(HetPipeStrategy(plan=plan))
     err = _fit_raises(model, "does not exist")
     assert device in str(err) and "tf.config.list_logical_devices" in str(err)
+
+
+_NO_LOGICAL_DEVICES = """
+import keras, numpy as np
+import hetpipe_tf as hp
+strategy = hp.HetPipeStrategy(hp.Cluster.local(["CPU", "CPU"]))
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+try:
+    model.fit(np.ones((16, 4)), np.ones((16, 1)), batch_size=8, verbose=0)
+except ValueError as e:
+    print("REFUSED", e)
+"""
+
+
+def test_a_local_cluster_without_logical_devices_names_the_librarys_own_call():
+    """A new user's first run (no logical devices made): the error shows
+    hetpipe_tf's configure_logical_devices call with the count the cluster needs."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", _NO_LOGICAL_DEVICES], cwd=root,
+                          capture_output=True, text=True, timeout=240)
+    assert "REFUSED" in proc.stdout, proc.stderr[-3000:]
+    assert "hp.configure_logical_devices(2)" in proc.stdout
+    assert "before TensorFlow starts" in proc.stdout
 
 
 def test_plan_whose_devices_are_not_in_the_given_cluster():

@@ -139,12 +139,20 @@ class TaskMonitor:
         self._on_lost = on_lost
         self._stop = threading.Event()
         self.lost: dict[str, float] = {}   # task -> seconds after its last answer
+        self.last_ok = {t: time.monotonic() for t in self.addresses}   # task -> its last answer
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="hetpipe-task-monitor")
         self._thread.start()
 
+    def is_lost(self, task: str, refused_in_a_row: int, now: float) -> float | None:
+        """The seconds `task` has been silent if that makes it lost (two refused probes in
+        a row, or no answer for about `timeout_s`), else None."""
+        silent = now - self.last_ok[task]
+        if refused_in_a_row >= 2 or silent + self.interval_s >= self.timeout_s:
+            return silent
+        return None
+
     def _run(self) -> None:
-        last_ok = {t: time.monotonic() for t in self.addresses}
         refused = {t: 0 for t in self.addresses}
         while not self._stop.is_set():
             for task, address in self.addresses.items():
@@ -154,11 +162,11 @@ class TaskMonitor:
                 h = probe(address, self.interval_s)
                 now = time.monotonic()
                 if h is Health.OK:
-                    last_ok[task], refused[task] = now, 0
+                    self.last_ok[task], refused[task] = now, 0
                     continue
                 refused[task] = refused[task] + 1 if h is Health.REFUSED else 0
-                silent = now - last_ok[task]
-                if refused[task] >= 2 or silent + self.interval_s >= self.timeout_s:
+                silent = self.is_lost(task, refused[task], now)
+                if silent is not None:
                     self.lost[task] = silent
                     try:
                         self._on_lost(task, h, silent)
@@ -262,6 +270,33 @@ class FaultGuard:
                 self.monitor.lost[task] = 0.0
                 self.lost(task, h, 0.0)
         return self.fatal
+
+    def check_alive(self) -> None:
+        """Return once every task answered a probe sent now; raise the fatal TaskLostError
+        if a task is lost first (found as the monitor finds it: at most about `timeout_s`
+        after its last answer). The end of `fit` (strategy/guards.py): a task that froze
+        or died after its last work of the fit (the last epoch's end, the final drain) ends
+        that fit with the error, not the next call. Under CONTINUE a lost worker's VWs are
+        dropped (`on_lost`) and only a fatal loss raises."""
+        pending = [t for t in self.addresses if t not in self.monitor.lost]
+        refused = dict.fromkeys(pending, 0)
+        while pending and self.fatal is None:
+            for task in list(pending):
+                h = probe(self.addresses[task], self.monitor.interval_s)
+                now = time.monotonic()
+                if h is Health.OK:
+                    self.monitor.last_ok[task] = now
+                    pending.remove(task)
+                    continue
+                refused[task] = refused[task] + 1 if h is Health.REFUSED else 0
+                silent = self.monitor.is_lost(task, refused[task], now)
+                if task in self.monitor.lost or silent is not None:
+                    if task not in self.monitor.lost:
+                        self.monitor.lost[task] = silent
+                    self.lost(task, h, self.monitor.lost[task])
+                    pending.remove(task)
+        if self.fatal is not None:
+            raise self.fatal
 
     def call(self, fn: Callable, *args):
         if self.fatal is not None:

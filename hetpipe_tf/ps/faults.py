@@ -139,12 +139,20 @@ class TaskMonitor:
         self._on_lost = on_lost
         self._stop = threading.Event()
         self.lost: dict[str, float] = {}   # task -> seconds after its last answer
+        self.last_ok = {t: time.monotonic() for t in self.addresses}   # task -> its last answer
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="hetpipe-task-monitor")
         self._thread.start()
 
+    def is_lost(self, task: str, refused_in_a_row: int, now: float) -> float | None:
+        """The seconds `task` has been silent if that makes it lost (two refused probes in
+        a row, or no answer for about `timeout_s`), else None."""
+        silent = now - self.last_ok[task]
+        if refused_in_a_row >= 2 or silent + self.interval_s >= self.timeout_s:
+            return silent
+        return None
+
     def _run(self) -> None:
-        last_ok = {t: time.monotonic() for t in self.addresses}
         refused = {t: 0 for t in self.addresses}
         while not self._stop.is_set():
             for task, address in self.addresses.items():
@@ -154,11 +162,11 @@ class TaskMonitor:
                 h = probe(address, self.interval_s)
                 now = time.monotonic()
                 if h is Health.OK:
-                    last_ok[task], refused[task] = now, 0
+                    self.last_ok[task], refused[task] = now, 0
                     continue
                 refused[task] = refused[task] + 1 if h is Health.REFUSED else 0
-                silent = now - last_ok[task]
-                if refused[task] >= 2 or silent + self.interval_s >= self.timeout_s:
+                silent = self.is_lost(task, refused[task], now)
+                if silent is not None:
                     self.lost[task] = silent
                     try:
                         self._on_lost(task, h, silent)
@@ -263,6 +271,33 @@ class FaultGuard:
                 self.lost(task, h, 0.0)
         return self.fatal
 
+    def check_alive(self) -> None:
+        """Return once every task answered a probe sent now; raise the fatal TaskLostError
+        if a task is lost first (found as the monitor finds it: at most about `timeout_s`
+        after its last answer). The end of `fit` (strategy/guards.py): a task that froze
+        or died after its last work of the fit (the last epoch's end, the final drain) ends
+        that fit with the error, not the next call. Under CONTINUE a lost worker's VWs are
+        dropped (`on_lost`) and only a fatal loss raises."""
+        pending = [t for t in self.addresses if t not in self.monitor.lost]
+        refused = dict.fromkeys(pending, 0)
+        while pending and self.fatal is None:
+            for task in list(pending):
+                h = probe(self.addresses[task], self.monitor.interval_s)
+                now = time.monotonic()
+                if h is Health.OK:
+                    self.monitor.last_ok[task] = now
+                    pending.remove(task)
+                    continue
+                refused[task] = refused[task] + 1 if h is Health.REFUSED else 0
+                silent = self.monitor.is_lost(task, refused[task], now)
+                if task in self.monitor.lost or silent is not None:
+                    if task not in self.monitor.lost:
+                        self.monitor.lost[task] = silent
+                    self.lost(task, h, self.monitor.lost[task])
+                    pending.remove(task)
+        if self.fatal is not None:
+            raise self.fatal
+
     def call(self, fn: Callable, *args):
         if self.fatal is not None:
             raise self.fatal
@@ -318,27 +353,45 @@ class FaultGuard:
 
 
 def shapes_first(fn: Callable) -> Callable:
-    """`fn(*args)` once every eager tensor among `args` has its shape: for a `tf.function`
-    several VW threads share (the model's metrics update, strategy/build.py).
+    """`fn(*args)` once every eager tensor among `args` has its shape, returning once every
+    tensor it returns has its own: for the `tf.function` several VW threads share (the
+    model's metrics update, strategy/build.py), each call made under their shared lock.
 
-    `tf.function` looks a call's trace up by the arguments' shapes while holding the
-    function's own lock, and an eager tensor's shape is known only when the op that makes
-    it has run: one from a remote op of a frozen task (SIGSTOP) never gets it. The VW
+    Before: `tf.function` looks a call's trace up by the arguments' shapes while holding
+    the function's own lock, and an eager tensor's shape is known only when the op that
+    makes it has run: one from a remote op of a frozen task (SIGSTOP) never gets it. The VW
     thread calling with such a tensor then waited forever INSIDE the lock, and every other
     VW's call of the function waited behind it (the chief hung although the frozen VW was
     dropped; docs/cluster_jobs.md). Asked here first, the wait blocks only that thread,
-    holding nothing the others need. Free otherwise: tf.function asks the same next."""
+    holding nothing the others need. Free otherwise: tf.function asks the same next.
+
+    After: called under a remote stage's device, the function is shipped to that task as
+    one asynchronous op and the call returns before it ran. Keras' metrics update their
+    state by read-then-assign (`assign_add` is `assign(self + value)`), so two VWs' updates
+    running at once on two tasks lost each other's counts: training accuracy above 1.0
+    (tests/ps/test_metrics.py). The outputs' shapes are known once the whole call ran (its
+    assignments included), so the caller's lock now orders the updates themselves, not
+    only their dispatch; no value moves."""
 
     def call(*args):
         import tensorflow as tf
 
-        if tf.executing_eagerly():
-            for t in tf.nest.flatten(args):
-                if isinstance(t, tf.Tensor):
-                    _ = t.shape   # blocks until the producing op ran (or raises its error)
-        return fn(*args)
+        if not tf.executing_eagerly():
+            return fn(*args)
+        _wait_for_shapes(args)
+        out = fn(*args)
+        _wait_for_shapes(out)
+        return out
 
     return call
+
+
+def _wait_for_shapes(values) -> None:
+    import tensorflow as tf
+
+    for t in tf.nest.flatten(values):
+        if isinstance(t, tf.Tensor):
+            _ = t.shape   # blocks until the producing op ran (or raises its error)
 
 
 def remote_failure(error: BaseException) -> bool:

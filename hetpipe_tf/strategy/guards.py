@@ -112,7 +112,10 @@ def guard_model(extended, model) -> None:
                 # frozen task's pending ops would hold tf.data's and Keras' waits on it
                 # (docs/cluster_jobs.md "Going on without a lost VW").
                 with thread_scope():
-                    return original(*args, **kwargs)
+                    result = original(*args, **kwargs)
+                if name == "fit":
+                    _check_tasks(extended, model)
+                return result
             except BaseException as e:
                 stage_error = extended.abort(model)
                 refused = extended.refused.pop(id(model), None)
@@ -216,6 +219,16 @@ def guard_model(extended, model) -> None:
                        functools.wraps(model.load_weights)(load_weights))
     object.__setattr__(model, "_hetpipe_guarded", True)
     extended._guarded.add(model)
+
+
+def _check_tasks(extended, model) -> None:
+    """A cluster job's fit returns once every remote task answered a probe sent at its end,
+    else raises the lost task's TaskLostError within the bound (ps/faults.py
+    `FaultGuard.check_alive`): a task lost after its last work of the fit is reported by it."""
+    executor = getattr(extended.pipelines.get(id(model)), "executor", None)
+    guard = getattr(executor, "guard", None)
+    if guard is not None:
+        guard.check_alive()
 
 
 def install_draining_metrics(extended, model, original) -> None:

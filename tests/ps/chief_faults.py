@@ -3,14 +3,16 @@ connecting to a cluster changes the process's TensorFlow context for good).
 
 argv[1]: JSON {"cluster": {...}, "victim_pid": int, "signal": "SIGKILL" | "SIGSTOP" |
 null, "on_fault": "stop" | "continue", "timeout_s": float, "at_batch": int,
-"epochs": int, "checkpoint": path or absent, "plans": [[device, ...] per VW] or absent,
+"epochs": int, "at_epoch_end": send it in the last epoch's on_epoch_end instead (after
+the epoch's drain), "checkpoint": path or absent, "plans": [[device, ...] per VW] or absent,
 "hang_dump_s": seconds before the stack dump of a hang (150 if absent), "stall_dump_s":
 the same counted from fit's last batch (absent: none)}.
 Runs as the chief task of TF_CONFIG (HetPipeStrategy connects it), trains 2 one-stage VWs
 (NP allocation, one per worker task, w_global on the ps task; with "plans", one VW per
 list, its layers split evenly over those devices), sends the
 signal to the victim after `at_batch` batches, and prints one JSON line: what fit raised
-(type, message, task, address, VWs), the seconds from the signal to the error, the
+(type, message, task, address, VWs; "fit_raised": whether fit itself raised it), the seconds
+from the signal to the error and to fit's end, the
 VWs' assignment, and the final loss. With on_fault="continue" also: the VWs dropped and
 when (seconds after the signal), the seconds to the first batch after the drop, each
 epoch's loss and a checksum of the model's weights at each epoch end, evaluate's loss, and
@@ -82,6 +84,10 @@ def main() -> None:
 
         def on_epoch_end(self, epoch, logs=None):
             epoch_weights.append(float(sum(np.abs(w).sum() for w in model.get_weights())))
+            if (args.get("at_epoch_end") and epoch == args.get("epochs", 1) - 1 and not sent
+                    and args.get("signal")):
+                os.kill(args["victim_pid"], getattr(signal, args["signal"]))
+                sent["t"] = time.monotonic()
 
         def on_train_end(self, logs=None):   # evaluate, its tracing, close: the long delay
             faulthandler.dump_traceback_later(hang_s, exit=True)
@@ -90,10 +96,17 @@ def main() -> None:
     if args.get("checkpoint"):
         callbacks.append(keras.callbacks.ModelCheckpoint(args["checkpoint"]))
 
-    out = {"raised": None}
+    out = {"raised": None, "fit_raised": False}
     try:
-        history = model.fit(x, y, batch_size=8, epochs=args.get("epochs", 1), shuffle=False,
-                            verbose=0, callbacks=callbacks)
+        try:
+            history = model.fit(x, y, batch_size=8, epochs=args.get("epochs", 1),
+                                shuffle=False, verbose=0, callbacks=callbacks)
+        except Exception:
+            out["fit_raised"] = True
+            raise
+        finally:
+            if sent:
+                out["fit_end_s"] = time.monotonic() - sent["t"]
         out["loss"] = history.history["loss"][-1]
         out["losses"] = history.history["loss"]
         out["epoch_weights"] = epoch_weights

@@ -22,10 +22,10 @@ def silent_listener():
 
 
 def run_chief(cluster, victim_pid, sig, timeout_s=3.0, on_fault="stop", at_batch=8,
-              epochs=1, checkpoint=None, plans=None, stall_dump_s=None):
+              epochs=1, checkpoint=None, plans=None, stall_dump_s=None, at_epoch_end=False):
     args = {"cluster": cluster, "victim_pid": victim_pid, "signal": sig, "on_fault": on_fault,
             "timeout_s": timeout_s, "at_batch": at_batch, "epochs": epochs, "samples": 512,
-            "plans": plans, "stall_dump_s": stall_dump_s}
+            "plans": plans, "stall_dump_s": stall_dump_s, "at_epoch_end": at_epoch_end}
     if checkpoint:
         args["checkpoint"] = str(checkpoint)
     proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_faults", json.dumps(args)],

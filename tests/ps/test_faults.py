@@ -159,3 +159,22 @@ def test_guard_ends_a_call_stuck_on_a_frozen_task_and_abandons_the_abort():
         never.set()
         guard.close()
         s.close()
+
+
+# The end of fit (strategy/guards.py, FaultGuard.check_alive): a worker frozen or killed in
+# the last epoch's on_epoch_end (after its drain: nothing of the fit needs the worker any
+# more) or at its last batch (the final drain waits for it) is reported by that fit.
+@pytest.mark.parametrize("sig, at_epoch_end", [
+    ("SIGSTOP", True),
+    pytest.param("SIGKILL", True, marks=pytest.mark.slow),
+    pytest.param("SIGSTOP", False, marks=pytest.mark.slow),
+])
+def test_task_lost_at_the_last_epochs_end_raises_from_fit_within_the_bound(sig, at_epoch_end):
+    timeout_s = 5.0
+    with start_local_servers({"worker": 2, "ps": 1}) as servers:
+        out = _chief(servers.cluster, servers.pids[1], sig, timeout_s=timeout_s, epochs=2,
+                     at_batch=-1 if at_epoch_end else 63, at_epoch_end=at_epoch_end)
+    assert out["raised"] == "TaskLostError" and out["fit_raised"], out
+    assert out["task"] == "worker:1" and out["virtual_workers"] == [1], out
+    assert out["fit_end_s"] < timeout_s + 10.0, out   # slack for a loaded 2-core machine
+    assert out["close_s"] < 10.0, out

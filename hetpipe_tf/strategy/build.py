@@ -173,7 +173,8 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
         return original()
 
     # Shared by every VW's (and HetSeq's) threads: in a cluster job a frozen task's tensor
-    # must not hold tf.function's lock (ps/faults.py shapes_first); local tensors are ready.
+    # must not hold tf.function's lock, and a remote update must have run before the next
+    # one reads the metrics (ps/faults.py shapes_first); local tensors are ready.
     if connected_to_cluster():
         update_metrics = shapes_first(update_metrics)
     vws = max(len(layout.plans), 1)

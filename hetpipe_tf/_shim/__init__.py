@@ -22,20 +22,23 @@ from hetpipe_tf._shim.keras_optimizer import (building_optimizer, is_auto_named,
                                               optimizer_learning_rate, optimizer_strategy,
                                               set_optimizer_learning_rate, stand_in_for,
                                               variable_handle, write_by_value)
-from hetpipe_tf._shim.keras_trainer import (call_overridden, calling_model, compile_loss,
-                                            build_from_element_spec, compile_metrics,
-                                            dataset_batch_size, fit_first_batch, flatten_logs,
-                                            loss_tracker, pythonify_logs)
+from hetpipe_tf._shim.keras_trainer import (build_from_element_spec, call_overridden,
+                                            calling_model, compile_loss, compile_metrics,
+                                            dataset_batch_size, fit_first_batch, fit_verbose,
+                                            flatten_logs, loss_tracker, print_msg,
+                                            pythonify_logs)
 from hetpipe_tf._shim.tf_eager import (call_concrete_flat, concrete_flat_inputs,
                                        gradient_flat, watch_flat)
 from hetpipe_tf._shim.tf_executors import host_task, own_executor
 
-__all__ = ["CallEvent", "all_layers", "call_events", "building_optimizer", "call_concrete_flat",
-           "build_from_element_spec", "call_overridden", "calling_model", "compile_loss", "compile_metrics",
-           "concrete_flat_inputs", "dataset_batch_size", "fit_first_batch", "flatten_logs", "functional_graph",
-           "gradient_flat", "host_task", "is_auto_named", "is_symbolic_tensor", "keras_mask",
-           "loss_tracker", "nested_functional", "nested_inputs", "optimizer_learning_rate",
-           "optimizer_strategy", "output_specs", "outputs_struct", "own_executor",
-           "pythonify_logs", "set_keras_mask", "set_optimizer_learning_rate",
-           "standardize_inputs", "stand_in_for", "variable_handle", "watch_flat",
-           "write_by_value"]
+__all__ = [
+    "all_layers", "build_from_element_spec", "building_optimizer", "call_concrete_flat",
+    "call_events", "call_overridden", "CallEvent", "calling_model", "compile_loss",
+    "compile_metrics", "concrete_flat_inputs", "dataset_batch_size", "fit_first_batch",
+    "fit_verbose", "flatten_logs", "functional_graph", "gradient_flat", "host_task",
+    "is_auto_named", "is_symbolic_tensor", "keras_mask", "loss_tracker",
+    "nested_functional", "nested_inputs", "optimizer_learning_rate", "optimizer_strategy",
+    "output_specs", "outputs_struct", "own_executor", "print_msg", "pythonify_logs",
+    "set_keras_mask", "set_optimizer_learning_rate", "stand_in_for", "standardize_inputs",
+    "variable_handle", "watch_flat", "write_by_value",
+]

@@ -82,8 +82,9 @@ def fit_first_batch(frame: Any, need_batch: bool = True) -> tuple[int | None, An
         return None, None
     if not need_batch and isinstance(adapter.batch_size, int):
         return adapter.batch_size, None
-    if not need_batch and isinstance(adapter.get_tf_dataset(), tf.data.Dataset):
-        size = dataset_batch_size(adapter.get_tf_dataset())   # read from its .batch(n)
+    dataset = adapter.get_tf_dataset() if not need_batch else None
+    if isinstance(dataset, tf.data.Dataset):
+        size = dataset_batch_size(dataset)   # read from its .batch(n)
         if size is not None:
             return size, None
     first = getattr(adapter, "_first_batches", None)          # Python generator: peeked
@@ -130,7 +131,7 @@ def dataset_batch_size(dataset: Any) -> int | None:
 
 
 def build_from_element_spec(model: keras.Model) -> None:
-    """Make Keras' symbolic build under a strategy (fit, evaluate, predict) take the
+    """Make Keras' symbolic build under a strategy (installed by a running fit) take the
     shapes and dtypes from the data's `element_spec` instead of reading a first batch, as
     plain Keras (no strategy, no symbolic build) reads none. Installed once per model."""
     # Reason: TensorFlowTrainer._maybe_symbolic_build starts a pass over the data (one
@@ -145,8 +146,8 @@ def build_from_element_spec(model: keras.Model) -> None:
         if iterator is not None and data_batch is None:
             spec = getattr(getattr(iterator, "_distributed_dataset", None), "element_spec",
                            None)
-            if spec is not None and all(isinstance(s, tf.TensorSpec)
-                                        for s in tf.nest.flatten(spec)):
+            if spec is not None and all(isinstance(s, tf.TensorSpec) and s.shape.rank
+                                        is not None for s in tf.nest.flatten(spec)):
                 batch = tf.nest.map_structure(
                     lambda s: keras.KerasTensor(tuple(s.shape), s.dtype.name), spec)
                 return original(data_batch=batch)

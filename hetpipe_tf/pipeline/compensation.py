@@ -212,7 +212,7 @@ class Compensation:
             "compensation must be a hetpipe_tf Compensation or its name. Received: "
             f"compensation={value!r}; use one of {list(PRESET_NAMES)} (e.g. "
             "Compensation.PREDICT), or parts joined by '+' from "
-            f"{list(TABLE)} (one correction at most).")
+            f"{list(TABLE)} (each part once, one correction at most).")
 
 
 def _show(v) -> str:

@@ -50,9 +50,10 @@ class StageWeights:
       emulated_speed_factor: f < 1 EMULATES a slower device: each update then takes 1/f as
         long (a sleep of (1/f - 1) x its measured time), as the stage's tasks do, so the
         planner's and the simulator's update cost (/ f) hold under emulation too.
-      predictor: a `compensation.WeightPredictor` (staleness compensation by weight
-        prediction): forwards read their version moved ahead by the missing updates. None
-        (the default) runs exactly the paper's rule.
+      predictor: a `weight_prediction.WeightPredictor` or a subclass (staleness
+        compensation by weight prediction, `Compensation.make_predictor`): forwards read
+        their version moved ahead by the missing updates. None (the default) runs exactly
+        the paper's rule.
     """
 
     def __init__(self, device: str, trainable: Sequence, non_trainable: Sequence, optimizer,

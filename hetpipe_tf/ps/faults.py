@@ -354,24 +354,23 @@ class FaultGuard:
 
 def shapes_first(fn: Callable) -> Callable:
     """`fn(*args)` once every eager tensor among `args` has its shape, returning once every
-    tensor it returns has its own: for the `tf.function` several VW threads share (the
-    model's metrics update, strategy/build.py), each call made under their shared lock.
+    tensor it returns has its own: for a `tf.function` several VW threads share under one
+    lock (the model's metrics update, strategy/build.py).
 
-    Before: `tf.function` looks a call's trace up by the arguments' shapes while holding
-    the function's own lock, and an eager tensor's shape is known only when the op that
-    makes it has run: one from a remote op of a frozen task (SIGSTOP) never gets it. The VW
-    thread calling with such a tensor then waited forever INSIDE the lock, and every other
-    VW's call of the function waited behind it (the chief hung although the frozen VW was
-    dropped; docs/cluster_jobs.md). Asked here first, the wait blocks only that thread,
-    holding nothing the others need. Free otherwise: tf.function asks the same next.
+    Shapes first: `tf.function` looks a call's trace up by the arguments' shapes while
+    holding the function's own lock, and an eager tensor's shape is known only when the op
+    that makes it has run; one from a remote op of a frozen task (SIGSTOP) never gets it.
+    Asked here, outside that lock, the wait blocks only the calling VW's thread, not every
+    other VW's call of the function (docs/cluster_jobs.md). Free otherwise: tf.function
+    asks the same next.
 
-    After: called under a remote stage's device, the function is shipped to that task as
-    one asynchronous op and the call returns before it ran. Keras' metrics update their
-    state by read-then-assign (`assign_add` is `assign(self + value)`), so two VWs' updates
-    running at once on two tasks lost each other's counts: training accuracy above 1.0
-    (tests/ps/test_metrics.py). The outputs' shapes are known once the whole call ran (its
-    assignments included), so the caller's lock now orders the updates themselves, not
-    only their dispatch; no value moves."""
+    Outputs last: called under a remote stage's device, the function is shipped to that
+    task as one asynchronous op and the call returns before it ran. Keras' metrics update
+    their state by read-then-assign (`assign_add` is `assign(self + value)`), so two VWs'
+    updates must not run at once on two tasks (each would lose the other's counts,
+    tests/ps/test_metrics.py). The outputs' shapes are known once the whole call ran, its
+    assignments included, so the caller's lock orders the updates themselves; no value
+    moves."""
 
     def call(*args):
         import tensorflow as tf

@@ -186,19 +186,21 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
     mode = mode_for(options, layout)
     runtime = mode.build(Job(model, program, batch_size, layout, update_metrics, strategy,
                              place_locally, adjust=adjust, predictor=predictor))
-    if not isinstance(runtime, InGraphRuntime):   # its threads wait on Keras' step
-        try:
+    try:
+        if not isinstance(runtime, InGraphRuntime):   # its threads wait on Keras' step
             check_inter_op_threads()
-        except ValueError:
-            runtime.close()
-            raise
-    if first_fit:   # what was chosen, through Keras' output (silenced by fit's verbose=0)
-        verbose = keras_trainer.fit_verbose(frame)
-        if verbose:
-            shares = getattr(getattr(runtime, "shares", None), "sizes", None)
-            print_summary(describe(options, layout, mode, options.layout.cluster_or_none(),
-                                   model_name=model.name, executor=type(runtime).__name__,
-                                   shares=shares), verbose)
+        if first_fit:   # what was chosen, through Keras' output (silenced by verbose=0)
+            verbose = keras_trainer.fit_verbose(frame)
+            if verbose:
+                shares = getattr(getattr(runtime, "shares", None), "sizes", None)
+                print_summary(describe(options, layout, mode,
+                                       options.layout.cluster_or_none(),
+                                       model_name=model.name,
+                                       executor=type(runtime).__name__, shares=shares),
+                              verbose)
+    except BaseException:
+        runtime.close()   # nothing is kept of a build that raised: no thread outlives it
+        raise
     for w, p in enumerate(layout.plans):
         logger.info("HetPipe virtual worker %d of %d for %s:\n%s", w, len(layout.plans),
                     model.name, p.table())

@@ -217,6 +217,7 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
             self._traced.pop(id(model), None)
             t = self._build_runtime(model, data)
             self.pipelines[id(model)] = t
+            self._layouts.pop(model, None)   # re-inserted: the last built comes last
             self._layouts[model] = t.layout
             self._runtime_threads.update(t.executor.thread_ids)
             install_draining_metrics(self, model, t.metrics_result)

@@ -99,8 +99,8 @@ class CompensationOptions:
     """Staleness compensation (docs/convergence.md) and whether the user left it default
     (a log line then names it where it changes training)."""
 
-    value: Any = Compensation.NONE
-    by_default: bool = False
+    value: Any = Compensation.BOTH   # parse's default for the WSP mode
+    by_default: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +113,9 @@ class DataParallelOptions:
 
 @dataclasses.dataclass(frozen=True)
 class StrategyOptions:
-    """Every argument of `HetPipeStrategy`, checked and resolved (module docstring)."""
+    """Every argument of `HetPipeStrategy`, checked and resolved (module docstring).
+    `StrategyOptions.parse(...)` is the constructor that checks; the field defaults equal
+    its resolved defaults for `HetPipeStrategy(cluster)` without plans."""
 
     layout: LayoutOptions = LayoutOptions()
     pipeline: PipelineOptions = PipelineOptions()
@@ -146,15 +148,19 @@ class StrategyOptions:
               faults: FaultOptions = FaultOptions()) -> "StrategyOptions":
         """Check every argument (errors name it and say how to fix it) and resolve every
         default; the arguments are HetPipeStrategy's."""
-        sched = ScheduleOptions(
-            schedules.check_arguments(schedule, micro_batches, rematerialize, n_m,
-                                      data_parallel), micro_batches, rematerialize)
+        checked = schedules.check_arguments(schedule, micro_batches, rematerialize, n_m,
+                                            data_parallel)
         layout = _layout(cluster, plan, allocation, num_virtual_workers, max_m)
+        # Checked ints (NumPy integers accepted) are kept as Python ints.
+        micro_batches = None if micro_batches is None else int(micro_batches)
+        max_m = None if max_m is None else int(max_m)
+        sched = ScheduleOptions(checked, micro_batches, rematerialize)
         # N_m: the one given, else the plans' (None: the planner's, at the first fit).
         resolved_n_m = n_m if n_m is not None or not layout.plans else layout.plans[0].n_m
         if resolved_n_m is not None:
             for p in layout.plans or (None,):
                 check_n_m(resolved_n_m, max_m, p)
+            resolved_n_m = int(resolved_n_m)
         clock_distance = check_int("clock_distance", clock_distance, minimum=0,
                                    hint="use 0 for BSP-like waves")
         wsp = WSPOptions(clock_distance, PlacementPolicy.parse(placement),
@@ -199,7 +205,7 @@ def _layout(cluster, plan, allocation, num_virtual_workers, max_m) -> LayoutOpti
             "plan=None and no TF_CONFIG; pass a cluster (hetpipe_tf.cluster) or a plan.")
     return LayoutOptions(cluster, plans, plan_fn,
                          None if allocation is None else AllocationPolicy.parse(allocation),
-                         num_virtual_workers)
+                         None if num_virtual_workers is None else int(num_virtual_workers))
 
 
 def _check_bool(arg: str, value: Any) -> bool:

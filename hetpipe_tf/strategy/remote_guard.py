@@ -20,7 +20,6 @@ remote tasks runs on this threaded runtime instead (strategy/modes.py).
 
 from __future__ import annotations
 
-from hetpipe_tf.pipeline.executor import STOP
 from hetpipe_tf.pipeline.runtime import PipelineRuntime
 from hetpipe_tf.ps.faults import FaultGuard, FaultOptions, fault_guard
 
@@ -82,7 +81,5 @@ class GuardedPipelineRuntime(PipelineRuntime):
             self._cond.notify_all()
         if close:
             self._closed = True
-            for q in self._queues:
-                q.put(STOP)
-            if self._updates is not None:
-                self._updates.put(STOP)
+            if self._workers is not None:
+                self._workers.stop()   # no join: a thread in a lost task's op stays behind

@@ -18,6 +18,7 @@ import keras
 from hetpipe_tf._args import check_int
 from hetpipe_tf.core.sync_schedule import Schedule
 from hetpipe_tf.pipeline.sync_runtime import SyncPipelineRuntime
+from hetpipe_tf.strategy.data_parallel import DataParallel
 
 # Loss reductions whose minibatch value is the row-weighted mean of its micro-batches'
 # values (so scaling each micro-batch's loss by its rows / the minibatch's rows is exact).
@@ -28,7 +29,10 @@ def check_arguments(schedule: Any, micro_batches: Any, rematerialize: Any,
                     n_m: Any, data_parallel: Any = None) -> Schedule:
     """Refuse bad schedule arguments before anything is built; returns the Schedule."""
     schedule = Schedule.parse(schedule)
-    hetseq = str(getattr(data_parallel, "value", data_parallel)).lower() == "hetseq"
+    try:   # a bad data_parallel is refused by its own check, with its own message
+        hetseq = DataParallel.parse(data_parallel) is DataParallel.HETSEQ
+    except ValueError:
+        hetseq = False
     if schedule.synchronous and hetseq:
         raise ValueError(
             "HetSeq data parallelism holds the whole model on every device; a pipeline "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hetpipe_tf.strategy.compensation import implied_staleness, optimizer_adjustment, predicts
-from hetpipe_tf.strategy.hetseq import DataParallel
+from hetpipe_tf.strategy.data_parallel import DataParallel
 
 # What each training mode (strategy/modes.py) does, by class name.
 _MODES = {

@@ -81,7 +81,10 @@ def _rel(path: pathlib.Path) -> str:
 
 def _missing(folder: pathlib.Path, build: pathlib.Path) -> list[str]:
     labels = _labels(build)
-    have = {"tests"} if folder == TESTS else {f"tests.{folder.name}"}
+    # Every py_test depends on //tests:conftest (bazel/pytest.bzl), which the tests'
+    # set-up imports.
+    have = {"tests", "tests.conftest"} | (set() if folder == TESTS
+                                          else {f"tests.{folder.name}"})
     for label in labels:
         have |= _provided(label)
     bad = []

@@ -176,5 +176,6 @@ def test_task_lost_at_the_last_epochs_end_raises_from_fit_within_the_bound(sig, 
                      at_batch=-1 if at_epoch_end else 63, at_epoch_end=at_epoch_end)
     assert out["raised"] == "TaskLostError" and out["fit_raised"], out
     assert out["task"] == "worker:1" and out["virtual_workers"] == [1], out
-    assert out["fit_end_s"] < timeout_s + 10.0, out   # slack for a loaded 2-core machine
+    # Slack for a loaded 2-core machine (19 s seen beside a full -n 2 suite run).
+    assert out["fit_end_s"] < timeout_s + 25.0, out
     assert out["close_s"] < 10.0, out

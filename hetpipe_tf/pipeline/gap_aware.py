@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from hetpipe_tf.pipeline.delay_compensation import DelayCompensatedPredictor
 
-DEFAULT_STEP_DECAY = 0.99   # of the EMA of u * u (docs/convergence.md, third session)
+DEFAULT_STEP_DECAY = 0.99   # of the EMA of u * u (docs/convergence.md)
 
 
 class GapAwarePredictor(DelayCompensatedPredictor):

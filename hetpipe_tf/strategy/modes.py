@@ -14,6 +14,7 @@ model's layout, once per build:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import logging
 from typing import Any, Callable
@@ -49,18 +50,20 @@ class Job:
     predictor: Callable[[str], Any] = lambda device: None   # compensation's, per device
 
 
-class TrainingMode:
+class TrainingMode(abc.ABC):
     """A way of training a model; `build` returns its executor (pipeline/executor.py)."""
 
     def __init__(self, options):
         self.options = options   # the strategy's StrategyOptions
 
     @staticmethod
+    @abc.abstractmethod
     def applies(options, layout: Layout) -> bool:
-        raise NotImplementedError
+        """Whether this mode trains a model with these options and layout."""
 
+    @abc.abstractmethod
     def build(self, job: Job):
-        raise NotImplementedError
+        """The executor that trains `job.model`."""
 
 
 class HetSeq(TrainingMode):

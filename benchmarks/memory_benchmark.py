@@ -52,6 +52,10 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# TensorFlow keeps CPU allocator statistics (get_memory_info, reset_memory_stats) only
+# with its BFC CPU allocator in builds whose default allocator does not (the
+# `tensorflow` wheel that keras-hub pulls in): ask for it before TF is imported.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import ctypes  # noqa: E402
 import threading  # noqa: E402

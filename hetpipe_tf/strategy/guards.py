@@ -21,6 +21,7 @@ step's logs are filled with the drained metrics when Keras reads them at the epo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -43,6 +44,16 @@ class StepLogs:
     def __init__(self):
         self._stale: Any = None     # the executor's logs when the metrics were last reset
         self._empty: dict | None = None   # the last step's empty logs, until filled
+        self._evaluating = 0        # evaluate/predict calls open (nested in fit or not)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """An evaluate or predict runs: the metrics it reads are not the training step's."""
+        self._evaluating += 1
+        try:
+            yield
+        finally:
+            self._evaluating -= 1
 
     def reset(self, executor) -> None:
         """The model's metrics were reset: logs held so far are not this epoch's."""
@@ -64,8 +75,9 @@ class StepLogs:
         return {k: logs[k] for k in out if k in logs}
 
     def fill(self, result: dict) -> None:
-        """The metrics were read (drained): an empty last step's logs get them."""
-        if self._empty is not None:
+        """The metrics were read (drained): an empty last step's logs get them, unless an
+        evaluate read them (one started from a batch callback mid-epoch, or validation)."""
+        if self._empty is not None and not self._evaluating:
             self._empty.update(result)
             self._empty = None
 
@@ -111,7 +123,10 @@ def guard_model(extended, model) -> None:
                 # Cluster jobs: the caller's ops off TensorFlow's default executor, where a
                 # frozen task's pending ops would hold tf.data's and Keras' waits on it
                 # (docs/cluster_jobs.md "Going on without a lost VW").
-                with thread_scope():
+                # evaluate, predict, test_on_batch, predict_on_batch: they drain first
+                evaluating = (_step_logs(model).evaluating() if drain_first
+                              else contextlib.nullcontext())
+                with thread_scope(), evaluating:
                     result = original(*args, **kwargs)
                 if name == "fit":
                     _check_tasks(extended, model)

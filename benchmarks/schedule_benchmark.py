@@ -29,8 +29,8 @@ trained with model.fit under HetPipeStrategy. One run; every figure is measured 
    inputs) + its received input; under re-materialization plus the peak of one lone
    recomputing backward; the
    last stage: the peak of one lone forward+loss+backward task + its held input
-   gradients. Lone tasks run on the whole minibatch and count 1/M (the allocator's
-   statistics miss tensors under 256 KiB).
+   gradients. Lone tasks run on the whole minibatch and count 1/M, so every measured
+   buffer is a large one.
 """
 
 from __future__ import annotations
@@ -198,8 +198,8 @@ def _accounted(tf, rt, x, y, m: int) -> list[int]:
     bytes one micro-batch keeps (one lone forward there, outputs included, + its received
     input) + under re-materialization the peak of one lone recomputing backward; the last
     stage: the peak of one lone forward+loss+backward task + held x its input gradients.
-    Lone tasks run on the whole minibatch's rows and count 1/M of it: TensorFlow's CPU
-    allocator statistics miss tensors under 256 KiB (checked), a micro-batch's often."""
+    Lone tasks run on the whole minibatch's rows and count 1/M of it, so every measured
+    buffer is a large one."""
     from hetpipe_tf.core.sync_schedule import peak_alive
     inputs = list(rt.stages[0].program.model_inputs(x))
     scale = tf.constant(1.0 / m)

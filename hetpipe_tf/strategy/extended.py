@@ -30,7 +30,6 @@ import tensorflow as tf
 from hetpipe_tf import _shim as _keras_shim
 from hetpipe_tf.cluster.local import host_cpu_device
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
-from hetpipe_tf.strategy import xla
 from hetpipe_tf.strategy.build import (Training, build_training, changed_without_compile,
                                        compiled_state, fix_open_inputs, same_compile)
 from hetpipe_tf.strategy.guards import guard_model, install_draining_metrics
@@ -172,8 +171,6 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
                 "loops').")
         if model is not None and name == "train_step":
             return self._pipelined_train_step(model, args, kwargs)
-        if model is not None and name == "test_step":
-            fn = xla.test_step(model, fn)   # compiled with XLA if asked, the drain outside
         ctx = tf.distribute.ReplicaContext(self._container_strategy(), 0)
         drained = tf.py_function(self._drain_for_step, [], Tout=tf.bool)
         with tf.control_dependencies([drained]), ctx:

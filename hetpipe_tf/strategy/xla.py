@@ -6,15 +6,16 @@ device other than CPUs, False under any `tf.distribute` strategy, this one inclu
 True when every layer `supports_jit`; a layer that does not turns an explicit True into
 False with Keras' own warning). With True:
 
-* every stage's compiled task (the forward of a non-last stage and the backward TensorFlow
-  derives for it, the last stage's forward, loss, backward and metrics, a micro-batch's
-  task, the in-graph stage's task) is a `tf.function(jit_compile=True)`
-  (pipeline/stage.py), so XLA compiles it on the stage's device;
-* Keras' own train and test functions are made WITHOUT `jit_compile`: the train step hands
-  batches to the stage threads through a `tf.py_function` and evaluate's step drains the
-  pipeline through one, which XLA cannot compile. Evaluate's test step itself is compiled
-  with XLA around the drain (`test_step`); predict runs Keras' own function, whose
-  predict step Keras compiles with XLA.
+* every stage's forward and backward (the forward of a non-last stage and the backward
+  TensorFlow derives for it; the last stage's, a micro-batch's and the in-graph stage's
+  forward-loss-backward) is a `tf.function(jit_compile=True)` (pipeline/stage.py), so XLA
+  compiles it on the stage's device; the metrics' updates and the optimizer's apply are
+  not (their variables sit on other devices);
+* Keras' own train, test and predict functions are made WITHOUT `jit_compile`: the train
+  step hands batches to the stage threads through a `tf.py_function` and evaluate's step
+  drains the pipeline through one, which XLA cannot compile; and evaluate's and predict's
+  steps read the model's variables, which a plan puts on several devices, where one XLA
+  cluster cannot read them. So evaluate and predict run as with jit_compile=False.
 
 An op XLA cannot compile in a stage fails the first minibatch with TensorFlow's
 `InvalidArgumentError` ("Detected unsupported operations when trying to compile graph"),
@@ -24,8 +25,6 @@ as plain Keras fails its first step with jit_compile=True; nothing is applied.
 from __future__ import annotations
 
 import contextlib
-
-import tensorflow as tf
 
 
 def requested(model) -> bool:
@@ -47,9 +46,3 @@ def keras_step_without_xla(model):
     finally:
         model.jit_compile = value   # accepted as it was: the layers have not changed
 
-
-def test_step(model, fn):
-    """Keras' bound `test_step` compiled with XLA when the model asks for it, else `fn`."""
-    if not requested(model):
-        return fn
-    return tf.function(fn, jit_compile=True, autograph=False)

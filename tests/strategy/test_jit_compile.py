@@ -149,3 +149,25 @@ def test_two_virtual_workers_with_xla_train_as_without():
         assert [s.jit_compile for s in stages] == [jit] * 4
         strategy.close()
     assert_weights_close(weights[True], weights[False], atol=TOL)
+
+
+def test_variables_on_stage_devices_fit_evaluate_and_predict():
+    # A Plan given at construction puts each stage's variables on its device: one XLA
+    # cluster could not read them all, so evaluate and predict run without XLA.
+    x, y = regression_data(32, 0)
+    out = {}
+    for jit in (False, True):
+        strategy = HetPipeStrategy(plan=even_plan(skip_model(0), DEVICES[:2], n_m=2))
+        with strategy.scope():
+            model = skip_model(0)
+            model.compile(keras.optimizers.SGD(0.05), "mse", metrics=["mae"],
+                          jit_compile=jit)
+        assert {v.value.device[-5:] for v in model.trainable_weights} == {"CPU:0", "CPU:1"}
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        out[jit] = (model.get_weights(), model.evaluate(x, y, verbose=0),
+                    model.predict(x[:8], verbose=0))
+        assert model.jit_compile is jit
+        strategy.close()
+    assert_weights_close(out[True][0], out[False][0], atol=TOL)
+    np.testing.assert_allclose(out[True][1], out[False][1], atol=TOL)
+    np.testing.assert_allclose(out[True][2], out[False][2], atol=TOL)

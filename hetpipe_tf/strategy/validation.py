@@ -130,10 +130,12 @@ def check_jit_compile(model, hetseq: bool) -> None:
     share task is compiled without XLA."""
     if hetseq and model.jit_compile is True:
         raise ValueError(
-            "HetSeq data parallelism does not compile its share task with XLA (the "
+            "HetSeq's synchronous step does not compile its share task with XLA (the "
             "pipelined modes compile each stage's task). Received: jit_compile=True with "
-            "data_parallel='hetseq'; call model.compile(..., jit_compile=False) (or leave "
-            "the default 'auto'), or train without data_parallel='hetseq'.")
+            "data_parallel='hetseq' and clock_distance=0; call model.compile(..., "
+            "jit_compile=False) (or leave the default 'auto'), or train without "
+            "data_parallel='hetseq' (clock_distance > 0 trains one-device VWs, which "
+            "compile with XLA).")
 
 
 def _batch_sizes(data) -> set:

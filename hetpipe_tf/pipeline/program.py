@@ -14,6 +14,8 @@ module adds only what running the graph in stages needs:
   graph (`LayerGraph.masks`) that crosses a cut with it; a stage attaches it again to the
   tensor before its nodes read it (a tf.function's arguments carry no mask), and y_pred
   gets its outputs' masks, which Keras' losses and metrics read.
+- Whether the stages compile their tasks with XLA (`jit_compile`, the model's
+  `compile(jit_compile=...)` as the strategy read it: strategy/xla.py).
 - Refusing a split that puts the calls of one shared layer with non-trainable state in
   different stages (tied trainable weights may be split: `tied.py`).
 """
@@ -66,16 +68,17 @@ def _ranges(indices: Sequence[int]) -> str:
 class Program:
     """A model's LayerGraph with the runtime's cuts, inputs and outputs (module docstring)."""
 
-    def __init__(self, graph: LayerGraph, model: keras.Model):
+    def __init__(self, graph: LayerGraph, model: keras.Model, jit_compile: bool = False):
         self.graph = graph
         self.model = model
+        self.jit_compile = bool(jit_compile)   # every stage's tasks compiled by XLA
         self._functional = keras_graph.functional_graph(model)
         self._input_refs = self.cut(-1)
         self._output_refs = self.cut(len(graph) - 1)
 
     @classmethod
-    def from_model(cls, model: keras.Model) -> Program:
-        return cls(LayerGraph.from_model(model), model)
+    def from_model(cls, model: keras.Model, jit_compile: bool = False) -> Program:
+        return cls(LayerGraph.from_model(model), model, jit_compile)
 
     @property
     def layer_names(self) -> tuple[str, ...]:

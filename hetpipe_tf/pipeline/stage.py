@@ -108,8 +108,15 @@ class Stage:
         # Which inputs need gradients: float tensors produced by an earlier stage.
         self._in_grad = [not r.is_model_input for r in self.in_refs]
         self._model = model
-        self._forward_fn = compiled_method(self._forward_impl, reduce_retracing=True)
-        self._fwd_bwd_fn = compiled_method(self._fwd_bwd_impl, reduce_retracing=True)
+        # XLA (compile(jit_compile=True)): the forward, the backward TensorFlow derives for
+        # it, and forward-loss-backward are compiled by XLA; the metrics' updates are not
+        # (their variables live on another device, which an XLA cluster cannot read).
+        self.jit_compile = program.jit_compile
+        xla = True if self.jit_compile else None
+        self._forward_fn = compiled_method(self._forward_impl, reduce_retracing=True,
+                                           jit_compile=xla)
+        self._fwd_bwd_fn = compiled_method(self._fwd_bwd_impl, reduce_retracing=True,
+                                           jit_compile=xla)
         self._fwd_bwd_metrics_fn = None   # built for the first metrics function given
         self._metrics = None
         self._micro_fn = None      # forward_backward_scaled's, built for its metrics function
@@ -194,14 +201,21 @@ class Stage:
             grads = tape.gradient(loss, [tvals, fin], output_gradients=scale)
         return grads[0], grads[1], loss, outputs, deltas, new_s
 
+    def _fwd_bwd(self, *args):
+        """`_fwd_bwd_impl` inside another compiled body: under XLA, a call of its own
+        XLA-compiled function."""
+        if self.jit_compile:
+            return self._fwd_bwd_fn.function(*args)
+        return self._fwd_bwd_impl(*args)
+
     def _fwd_bwd_metrics_impl(self, tvals, vvals, svals, inputs, y, sample_weight, extra):
         return self._fwd_bwd_logs(self._metrics, tvals, vvals, svals, inputs, y,
                                   sample_weight, extra)
 
     def _fwd_bwd_logs(self, metrics, tvals, vvals, svals, inputs, y, sample_weight, extra):
         """The last stage's task with the metrics updated on its total loss (+ `extra`)."""
-        wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd_impl(tvals, vvals, svals, inputs,
-                                                                  y, sample_weight)
+        wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd(tvals, vvals, svals, inputs, y,
+                                                             sample_weight)
         total = loss if extra is None else loss + extra
         logs = metrics(total, y, self.program.pack_outputs(outputs), sample_weight)
         return wg, ig, total, outputs, deltas, new_s, logs
@@ -302,7 +316,7 @@ class Stage:
 
     # --- micro-batches of a synchronous schedule (pipeline/sync_runtime.py) -------------
     def _micro_impl(self, tvals, vvals, svals, inputs, y, sample_weight, scale, extra):
-        wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd_impl(
+        wg, ig, loss, outputs, deltas, new_s = self._fwd_bwd(
             tvals, vvals, svals, inputs, y, sample_weight, scale)
         total = loss if extra is None else loss + extra
         logs = ({} if self._micro_metrics is None else

@@ -26,7 +26,7 @@ from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.program import Program
 from hetpipe_tf.ps.faults import shapes_first
 from hetpipe_tf.strategy import schedules as sync_schedules
-from hetpipe_tf.strategy import training_state
+from hetpipe_tf.strategy import training_state, xla
 from hetpipe_tf.strategy.compensation import (log_choice, optimizer_adjustment,
                                                predictor_factory)
 from hetpipe_tf.strategy.layout import Layout, layout_for
@@ -127,7 +127,7 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
     batch_size = check_batch(data, lambda: _keras_shim.fit_first_batch(frame, False)[0])
     if layout is None:
         layout = layout_for(options, model, batch_size)
-    program = Program.from_model(model)
+    program = Program.from_model(model, jit_compile=xla.requested(model))
     for p in layout.plans:
         check_plan(p, program, model, batch_size)
     if options.schedule.synchronous:

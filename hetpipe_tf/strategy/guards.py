@@ -7,7 +7,8 @@ error is re-raised as itself; a fit after `strategy.close()` is refused by name.
 builds the optimizer first, so the model and its optimizer hold the whole training state
 when read or written (docs/state.md). `make_train_function`: each Keras train function binds
 to the runtime its trace built, so an in-graph runtime opens its run before a call and
-records the call after it. `get_metrics_result` (installed at each build) drains first, so
+records the call after it; it, `make_test_function` and `make_predict_function` make
+Keras' functions without XLA (strategy/xla.py). `get_metrics_result` (installed at each build) drains first, so
 epoch-end logs, validation and callbacks see every minibatch.
 
 What a train step shows (`StepLogs`): a threaded executor's step returns while its
@@ -34,7 +35,7 @@ from hetpipe_tf import _shim as _keras_shim
 from hetpipe_tf.pipeline.executor import thread_scope
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.runtime import PipelineError
-from hetpipe_tf.strategy import training_state
+from hetpipe_tf.strategy import training_state, xla
 from hetpipe_tf.strategy.build import compiled_state, same_compile
 
 
@@ -181,7 +182,8 @@ def guard_model(extended, model) -> None:
         return _original(*args, **kwargs)
 
     def make_train_function(*args, _original=model.make_train_function, **kwargs):
-        _original(*args, **kwargs)   # sets model.train_function (returns None)
+        with xla.keras_step_without_xla(model):   # XLA compiles the stages instead
+            _original(*args, **kwargs)   # sets model.train_function (returns None)
         fn = model.train_function
         if fn is None or getattr(fn, "_hetpipe_calls", False):
             return fn
@@ -212,6 +214,15 @@ def guard_model(extended, model) -> None:
         model.train_function = train_function
         return train_function
 
+    def without_xla(name):
+        original = getattr(model, name)
+
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            with xla.keras_step_without_xla(model):   # strategy/xla.py
+                return original(*args, **kwargs)
+        return call
+
     def reset_metrics(*args, _original=model.reset_metrics, **kwargs):
         t = extended.pipelines.get(id(model))
         _step_logs(model).reset(None if t is None else t.executor)
@@ -222,6 +233,8 @@ def guard_model(extended, model) -> None:
         object.__setattr__(model, name, guarded(name, drain_first=True))
     object.__setattr__(model, "train_on_batch", own_logs(guarded("train_on_batch")))
     object.__setattr__(model, "make_train_function", make_train_function)
+    for name in ("make_test_function", "make_predict_function"):
+        object.__setattr__(model, name, without_xla(name))
     object.__setattr__(model, "reset_metrics",
                        functools.wraps(model.reset_metrics)(reset_metrics))
     if model.__dict__.get("train_function") is not None:

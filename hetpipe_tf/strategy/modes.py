@@ -30,6 +30,7 @@ from hetpipe_tf.strategy import schedules, training_state
 from hetpipe_tf.strategy.hetseq import build_hetseq, split_shares, whole_batch_note
 from hetpipe_tf.strategy.layout import Layout
 from hetpipe_tf.strategy.remote_guard import GuardedPipelineRuntime, guard_for
+from hetpipe_tf.strategy.validation import check_jit_compile
 
 # What a build chose (the VWs' plans, the batch dispatch) is logged under one name.
 logger = logging.getLogger("hetpipe_tf.strategy.build")
@@ -74,6 +75,7 @@ class HetSeq(TrainingMode):
         return options.hetseq
 
     def build(self, job: Job):
+        check_jit_compile(job.model, hetseq=True)
         return build_hetseq(self.options, job.model, job.program, job.batch_size,
                             job.update_metrics, job.strategy)
 

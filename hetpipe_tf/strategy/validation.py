@@ -123,14 +123,19 @@ def _check_compile(model) -> None:
             f"{keras.mixed_precision.global_policy().name!r}); use "
             "keras.mixed_precision.set_global_policy('mixed_bfloat16') (same range as "
             "float32, no loss scaling) or 'float32'.")
-    if model.jit_compile is True:
+
+
+def check_jit_compile(model, hetseq: bool) -> None:
+    """Refuse `jit_compile=True` where the stages cannot honour it (strategy/xla.py): HetSeq's
+    share task is compiled without XLA."""
+    if hetseq and model.jit_compile is True:
         raise ValueError(
-            "HetPipeStrategy cannot run with XLA: its training step hands each minibatch to "
-            "the pipeline's threads through tf.py_function, which XLA cannot compile (each "
-            "stage's own functions are compiled by TensorFlow as usual; refused for every "
-            "layout, so that changing the layout never changes what compiles). Received: "
-            "jit_compile=True; call model.compile(..., jit_compile=False) or leave the "
-            "default 'auto' (Keras turns XLA off under a tf.distribute strategy).")
+            "HetSeq's synchronous step does not compile its share task with XLA (the "
+            "pipelined modes compile each stage's task). Received: jit_compile=True with "
+            "data_parallel='hetseq' and clock_distance=0; call model.compile(..., "
+            "jit_compile=False) (or leave the default 'auto'), or train without "
+            "data_parallel='hetseq' (clock_distance > 0 trains one-device VWs, which "
+            "compile with XLA).")
 
 
 def _batch_sizes(data) -> set:

@@ -215,12 +215,6 @@ def test_manual_plan_with_two_stages_on_one_device():
     assert "stages 0 and 1" in str(err) and "CPU:1" in str(err)
 
 
-def test_compile_with_jit_compile():
-    model = _compiled(_strategy(), jit_compile=True)
-    err = _fit_raises(model, "jit_compile")
-    assert "jit_compile=False" in str(err)
-
-
 # With a stateful optimizer Keras' fit builds the optimizer's slots (symbolic build) before
 # the strategy sees the model; the strategy checks when fit distributes its dataset, first.
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])

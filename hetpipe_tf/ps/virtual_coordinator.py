@@ -48,7 +48,7 @@ _LONG = 1 << 20   # records kept (actions, assignment): a test's or a benchmark'
 
 
 def _ident(a: Action) -> tuple:
-    return (int(a.kind), a.vw, a.stage, a.minibatch, a.wave)
+    return (int(a.kind), a.vw, a.stage, a.minibatch, a.wave, a.task)
 
 
 class VirtualCoordinator(Executor):

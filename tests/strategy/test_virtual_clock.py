@@ -179,10 +179,13 @@ class _StopAt(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def test_callbacks_stop_on_the_virtual_time():
+def test_callbacks_stop_on_the_virtual_time_and_evaluate_shows_it():
     strategy, model, _, _, history = _fit(2, 1, 2, epochs=10, callbacks=[_StopAt(0.05)])
     times = history.history["virtual_time_s"]
     assert len(times) < 10 and times[-1] >= 0.05 > times[-2]
+    x, y = regression_data(16, 1)   # evaluate reads the clock, never moves it
+    assert model.evaluate(x, y, batch_size=BATCH, verbose=0,
+                          return_dict=True)["virtual_time_s"] == times[-1]
     strategy.close()
 
 

@@ -15,7 +15,7 @@ executor runs the wave hook and calls `complete(mb)` when the minibatch counts a
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from typing import Callable
 
 from hetpipe_tf.core.schedule import TaskKind
 from hetpipe_tf.pipeline.runtime import _APPLY, Minibatch, PipelineRuntime

@@ -142,9 +142,8 @@ class VirtualCoordinator(Executor):
             if rt.completed < rt.submitted:   # never wait: nothing else would run
                 raise RuntimeError(
                     f"The virtual order left minibatches of VW {w} unfinished. Received: "
-                    f"{rt.submitted} submitted, {rt.completed} completed, queued "
-                    f"{[[(k.value if hasattr(k, 'value') else k, mb.id) for k, mb, _ in q.items] for q in rt._queues]}; "
-                    "this is a bug, please report it.")
+                    f"{rt.submitted} submitted, {rt.completed} completed; this is a bug, "
+                    "please report it.")
             rt.drain()
         self._close_run()
 

@@ -21,10 +21,12 @@ from hetpipe_tf.sim.model import (
     stage_update_times,
 )
 from hetpipe_tf.sim.result import SimEvent, SimResult, VWStats
+from hetpipe_tf.sim.timeline import VirtualClock, timeline
 
 __all__ = [
     "AllReduceResult", "LinkPool", "PSShard", "SimConfig", "SimEvent",
-    "SimResult", "SimStage", "Transfer", "VWStats", "VirtualWorker", "data_parallel",
+    "SimResult", "SimStage", "Transfer", "VWStats", "VirtualClock", "VirtualWorker",
+    "data_parallel",
     "default_ps_map", "from_plan", "horovod", "ring_allreduce_seconds", "simulate",
-    "stage_param_bytes", "stage_times", "stage_update_times",
+    "stage_param_bytes", "stage_times", "stage_update_times", "timeline",
 ]

@@ -4,6 +4,8 @@ Each mode is a subclass of `TrainingMode`, as Keras' `distribution_lib` has one 
 distribution; `mode_for` picks the one that applies to the strategy's options and the
 model's layout, once per build:
 
+- `VirtualClock`: several VWs under WSP in a cluster model's order and virtual time
+  (`VirtualCoordinator`, no threads; docs/virtual_clock.md);
 - `HetSeq`: every device the whole model, a share of each batch (`HetSeqExecutor`);
 - `VirtualWorkers`: several VWs under WSP through the parameter servers (`Coordinator`, or
   `SplitCoordinator` when every batch is split), each VW on the schedule's runtime;
@@ -105,6 +107,20 @@ class VirtualWorkers(TrainingMode):
             predictor=job.predictor, faults=o.faults)
 
 
+class VirtualClock(TrainingMode):
+    """Several VWs under WSP in a cluster model's order and virtual time
+    (hetpipe_tf/strategy/virtual_clock.py, docs/virtual_clock.md)."""
+
+    @staticmethod
+    def applies(options, layout: Layout) -> bool:
+        return options.clock.virtual
+
+    def build(self, job: Job):
+        from hetpipe_tf.strategy.virtual_clock import build_virtual_clock
+
+        return build_virtual_clock(self.options, job)
+
+
 class OneVirtualWorker(TrainingMode):
     """One pipelined VW under HetPipe's schedule, N_m minibatches in flight."""
 
@@ -157,8 +173,8 @@ class SynchronousPipeline(OneVirtualWorker):
 
 
 # In the order tried: the first that applies trains the model.
-MODES: tuple[type[TrainingMode], ...] = (HetSeq, VirtualWorkers, SynchronousPipeline,
-                                         OneVirtualWorker)
+MODES: tuple[type[TrainingMode], ...] = (VirtualClock, HetSeq, VirtualWorkers,
+                                         SynchronousPipeline, OneVirtualWorker)
 
 
 def mode_for(options, layout: Layout) -> TrainingMode:

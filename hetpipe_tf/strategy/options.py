@@ -5,8 +5,9 @@ once into one frozen value.
 argument, plans given or a planning callable, the allocation policy), the pipeline (N_m,
 Max_m, in-graph), WSP (clock distance, placement, PS hosts, fresh pulls), the schedule
 (HetPipe, GPipe, 1F1B; micro-batches; re-materialization), staleness compensation (the
-value and whether it is the default), the data-parallel mode (and hand-given shares) and
-fault handling (`FaultOptions`). Every default is resolved here: the compensation (BOTH, or
+value and whether it is the default), the data-parallel mode (and hand-given shares),
+fault handling (`FaultOptions`) and the clock (this machine's, or a cluster model's virtual
+one). Every default is resolved here: the compensation (BOTH, or
 NONE in HetSeq mode) and N_m (1 for a synchronous schedule and for HetSeq; the plan's when
 plans are given). What only the first fit can know (plans the planner makes, the N_m it
 picks for them) is a model's `Layout` (strategy/layout.py), never written back here.
@@ -112,6 +113,44 @@ class DataParallelOptions:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClockOptions:
+    """Whose time training follows: None, this machine's (threads race as they will); or a
+    cluster model (`hetpipe_tf.sim.VirtualClock`): every task, push and pull in its order,
+    at its virtual time (docs/virtual_clock.md)."""
+
+    model: Any = dataclasses.field(default=None, compare=False)
+
+    @property
+    def virtual(self) -> bool:
+        return self.model is not None
+
+    @classmethod
+    def parse(cls, clock: Any, *, synchronous: bool, data_parallel: DataParallel,
+              num_plans: int) -> "ClockOptions":
+        if clock is None or clock == "real":
+            return cls()
+        if isinstance(clock, str) or not callable(getattr(clock, "schedule", None)):
+            raise ValueError(
+                "clock must be None (this machine's time) or a cluster model. Received: "
+                f"clock={clock!r}; pass hetpipe_tf.sim.VirtualClock(cluster), e.g. "
+                "VirtualClock(paper_cluster()).")
+        what = None
+        if synchronous:
+            what = "a synchronous schedule (GPipe, 1F1B)"
+        elif data_parallel is not DataParallel.WSP:
+            what = f"data_parallel={data_parallel.value!r}"
+        elif num_plans == 1:
+            what = "one virtual worker"
+        if what is not None:
+            raise ValueError(
+                "The virtual clock trains several virtual workers under WSP with HetPipe's "
+                f"schedule (docs/virtual_clock.md). Received: {what} with clock={clock!r}; "
+                "use schedule='hetpipe', data_parallel='wsp' and one plan per VW (at least "
+                "two), or drop clock=.")
+        return cls(clock)
+
+
+@dataclasses.dataclass(frozen=True)
 class StrategyOptions:
     """Every argument of `HetPipeStrategy`, checked and resolved (module docstring).
     `StrategyOptions.parse(...)` is the constructor that checks; the field defaults equal
@@ -124,6 +163,7 @@ class StrategyOptions:
     compensation: CompensationOptions = CompensationOptions()
     data_parallel: DataParallelOptions = DataParallelOptions()
     faults: FaultOptions = FaultOptions()
+    clock: ClockOptions = ClockOptions()
 
     @property
     def hetseq(self) -> bool:
@@ -145,7 +185,7 @@ class StrategyOptions:
               placement="default", ps_hosts=None, allocation=None,
               num_virtual_workers=None, fresh_pulls=True, in_graph=True,
               compensation=None, data_parallel=DataParallel.WSP, shares=None,
-              faults: FaultOptions = FaultOptions()) -> "StrategyOptions":
+              faults: FaultOptions = FaultOptions(), clock=None) -> "StrategyOptions":
         """Check every argument (errors name it and say how to fix it) and resolve every
         default; the arguments are HetPipeStrategy's."""
         checked = schedules.check_arguments(schedule, micro_batches, rematerialize, n_m,
@@ -184,10 +224,13 @@ class StrategyOptions:
             has_cluster=layout.cluster_or_none() is not None, compensation=chosen)
         if sched.synchronous or mode is DataParallel.HETSEQ:
             resolved_n_m = 1   # one minibatch in flight (n_m given with either was refused)
+        timed = ClockOptions.parse(clock, synchronous=sched.synchronous, data_parallel=mode,
+                                   num_plans=len(layout.plans))
         return cls(layout=layout, pipeline=PipelineOptions(resolved_n_m, max_m, in_graph),
                    wsp=wsp, schedule=sched,
                    compensation=CompensationOptions(chosen, by_default=compensation is None),
-                   data_parallel=DataParallelOptions(mode, hand_shares), faults=faults)
+                   data_parallel=DataParallelOptions(mode, hand_shares), faults=faults,
+                   clock=timed)
 
 
 def _layout(cluster, plan, allocation, num_virtual_workers, max_m) -> LayoutOptions:

@@ -101,6 +101,11 @@ class HetPipeStrategy(tf.distribute.Strategy):
         a checkpoint). `FaultPolicy.CONTINUE` ("continue"): with several VWs, fit goes on
         without the VWs of a lost worker task (a warning names them; a lost ps or the last
         VW still raises), docs/cluster_jobs.md "Going on without a lost VW".
+      clock: None (this machine's time), or a cluster model (`hetpipe_tf.sim.VirtualClock(
+        cluster)`): several VWs train on this process's devices with every stage task,
+        push and pull in the order and at the virtual time the cluster model gives, one at
+        a time (bit-identical run to run); Keras' logs get `virtual_time_s`
+        (docs/virtual_clock.md).
     """
 
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
@@ -112,7 +117,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
                  in_graph: bool = True, compensation: Compensation | str | None = None,
                  data_parallel: DataParallel | str = DataParallel.WSP, shares=None,
                  fault_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 on_fault: FaultPolicy | str = FaultPolicy.STOP):
+                 on_fault: FaultPolicy | str = FaultPolicy.STOP, clock=None):
         # The schedule's arguments first: `n_m` with a synchronous schedule is refused as
         # such, not by N_m's checks.
         check_schedule_arguments(schedule, micro_batches, rematerialize, n_m, data_parallel)
@@ -126,7 +131,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
             placement=placement, ps_hosts=ps_hosts, allocation=allocation,
             num_virtual_workers=num_virtual_workers, fresh_pulls=fresh_pulls,
             in_graph=in_graph, compensation=compensation, data_parallel=data_parallel,
-            shares=shares, faults=faults)
+            shares=shares, faults=faults, clock=clock)
         super().__init__(HetPipeExtended(self, options, task))
 
     @property

@@ -297,34 +297,36 @@ def main(argv: list[str]) -> None:
         else:
             print(json.dumps(_measure_hetpipe(vws_list[0], info)))
         return
+    w = mlp_width(_PARAMS.value)
+    params = (FEATURES + 1) * w + (DEPTH - 1) * (w + 1) * w + (w + 1) * 10
+    print(f"setting: V VWs x 1 stage, one per worker task, w_global on 1 ps task; MLP of "
+          f"{params:,} parameters, batch {_BATCH_SIZE.value}, Adam, N_m={_N_M.value}, "
+          f"D={_D.value}, compensation {comp.value}; PSS: the same model on V workers + 1 "
+          f"ps, K={_K.value}; one timed fit of V x {_MINIBATCHES.value} minibatches; all "
+          "processes on 127.0.0.1 (one machine, shared cores)")
+    print(f"{'V':>3} {'chief CPU ms/mb':>15} {'PSS 1':>6} {'PSS K':>6} "
+          f"{'calls/mb':>8} {'PSS 1':>6} {'PSS K':>6} {'cluster CPU ms/mb':>17} "
+          f"{'1-proc':>7} {'CPU eff':>7} {'wall eff':>8} {'PSS 1 cluster CPU':>17}",
+          flush=True)
     rows = []
-    for vws in vws_list:
+    for vws in vws_list:   # each row as soon as it is measured
         local = _child("local", vws, None)
         het = _in_cluster("hetpipe", vws)
         pss = _in_cluster("pss", vws)
-        rows.append((vws, local, het, pss))
-    print(f"setting: V VWs x 1 stage, one per worker task, w_global on 1 ps task; MLP of "
-          f"{rows[0][2]['params']:,} parameters, batch {_BATCH_SIZE.value}, Adam, N_m="
-          f"{_N_M.value}, D={_D.value}, compensation {comp.value}; PSS: the same model on V "
-          f"workers + 1 ps, K={_K.value}; one timed fit of V x {_MINIBATCHES.value} "
-          "minibatches; all processes on 127.0.0.1 (one machine, shared cores)")
-    print(f"{'V':>3} {'chief CPU ms/mb':>15} {'PSS 1':>6} {'PSS K':>6} "
-          f"{'calls/mb':>8} {'PSS 1':>6} {'PSS K':>6} {'cluster CPU ms/mb':>17} "
-          f"{'1-proc':>7} {'CPU eff':>7} {'wall eff':>8} {'PSS 1 cluster CPU':>17}")
-    for vws, local, het, pss in rows:
         p1, pk = pss["pss1"], pss["pssk"]
         print(f"{vws:>3} {het['chief_ms']:>15.2f} {p1['chief_ms']:>6.2f} "
               f"{pk['chief_ms']:>6.2f} {het['calls']:>8.1f} {p1['calls']:>6.2f} "
               f"{pk['calls']:>6.2f} {het['total_ms']:>17.2f} {local['chief_ms']:>7.2f} "
               f"{local['chief_ms'] / het['total_ms']:>7.2f} "
-              f"{het['mb_per_s'] / local['mb_per_s']:>8.2f} {p1['total_ms']:>17.2f}")
-    for vws, _, het, _ in rows:
+              f"{het['mb_per_s'] / local['mb_per_s']:>8.2f} {p1['total_ms']:>17.2f}",
+              flush=True)
+        rows.append((vws, het))
+    for vws, het in rows:
         if _BREAKDOWN.value:
             print(f"V={vws}:")
             _breakdown(het)
         if het["traces"]:
             print(f"V={vws}: functions traced in the timed fit: {het['traces']}")
-
 
 if __name__ == "__main__":
     run(main)

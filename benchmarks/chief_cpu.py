@@ -191,7 +191,6 @@ def _measure_pss(vws: int, info: dict) -> dict:
     one scheduled function per minibatch ("pss1"), then one per K ("pssk")."""
     import tensorflow as tf
 
-
     counter = CallCounter()
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(info["cluster"]), task_type="chief", task_id=0,

@@ -24,16 +24,26 @@ def observe_tf_calls(on_call: Callable[[str, str], None]) -> None:
 
     fast, slow, numpy = (_pywrap_tfe.TFE_Py_FastPathExecute, execute.execute,
                          ops._EagerTensorBase.numpy)
+    cancelable = execute.execute_with_cancellation   # ClusterCoordinator's closures
     trace = func_graph.func_graph_from_py_func
 
     def fast_path(*args):
         on_call("eager op", args[1])
         return fast(*args)
 
+    def name_of(op_name) -> str:
+        # Some dispatch paths (graph-mode, ClusterCoordinator's closures) pass bytes.
+        name = op_name.decode() if isinstance(op_name, bytes) else op_name
+        return re.sub(r"_\d+$", "", name)
+
     def execute_(op_name, *args, **kwargs):
-        kind = "compiled" if op_name.startswith("__inference") else "eager op"
-        on_call(kind, re.sub(r"_\d+$", "", op_name))
+        name = name_of(op_name)
+        on_call("compiled" if name.startswith("__inference") else "eager op", name)
         return slow(op_name, *args, **kwargs)
+
+    def cancelable_(op_name, *args, **kwargs):
+        on_call("compiled", name_of(op_name))
+        return cancelable(op_name, *args, **kwargs)
 
     def numpy_(tensor):
         on_call("host read", "numpy")
@@ -46,4 +56,5 @@ def observe_tf_calls(on_call: Callable[[str, str], None]) -> None:
     _pywrap_tfe.TFE_Py_FastPathExecute = fast_path
     func_graph.func_graph_from_py_func = trace_
     execute.execute = execute.quick_execute = execute_
+    execute.execute_with_cancellation = cancelable_
     ops._EagerTensorBase.numpy = numpy_

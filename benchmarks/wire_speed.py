@@ -48,6 +48,8 @@ import time  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks._cli import compensation, compensation_flag, run  # noqa: E402
+from benchmarks._wire import FEATURES, DEPTH, CallCounter, cpu_seconds  # noqa: E402
+from benchmarks._wire import mlp as _model, width as _width  # noqa: E402
 
 _PARAMS = flags.DEFINE_list("params", ["100000", "3400000"], "About how many parameters each "
                             "MLP has (one table row group per model).")
@@ -62,14 +64,7 @@ _COMPENSATION = compensation_flag("none")
 _MODE = flags.DEFINE_enum("mode", None, ["cluster", "local"], "Internal: measure one mode "
                           "in this process and print its figures as JSON.")
 
-FEATURES, DEPTH = 1024, 4
 _MB = 1e6
-
-
-def _width(params: int) -> int:
-    # FEATURES*w + (DEPTH-1)*w^2 ~ params.
-    a, b = DEPTH - 1, FEATURES
-    return max(8, int((-b + (b * b + 4 * a * params) ** 0.5) / (2 * a)))
 
 
 def socket_bytes() -> list[tuple[str, str, int, int]]:
@@ -101,65 +96,6 @@ def link_bytes(tasks: dict[int, str]) -> dict[tuple[str, str], int]:
         if a != b:
             links[(a, b)] = links.get((a, b), 0) + sent
     return links
-
-
-def cpu_seconds(pids) -> float:
-    """User + system CPU seconds used so far by the processes `pids` (/proc/<pid>/stat)."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])   # utime, stime (fields 14 and 15)
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def _caller() -> str:
-    f = sys._getframe(3)   # past count() and the patched function
-    skip = r"/(tensorflow|keras|absl)/|compiled\.py|/_shim/|_tf_calls\.py"
-    while f is not None and re.search(skip, f.f_code.co_filename):
-        f = f.f_back
-    if f is None:
-        return "?"
-    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}"
-
-
-class CallCounter:
-    """Counts what this process asks TensorFlow to run while `counting`: compiled calls
-    (`execute.execute`, which every function call and slow-path op goes through), eager ops
-    (the generated ops' fast path) and host reads (`.numpy()`), each by op name
-    (`_tf_calls.observe_tf_calls`). On the chief of a cluster job nearly each is a remote call
-    (a request and a wait)."""
-
-    def __init__(self):
-        from benchmarks import _tf_calls
-
-        self.counts: dict[tuple[str, str], int] = {}
-        self.counting = False
-        self.where = False   # also key by the calling line outside TensorFlow and Keras
-
-        def count(kind: str, name) -> None:
-            if self.counting:
-                name = name if isinstance(name, str) else str(name)
-                if self.where:
-                    name += " @ " + _caller()
-                key = (kind, name)
-                self.counts[key] = self.counts.get(key, 0) + 1
-
-        _tf_calls.observe_tf_calls(count)
-
-    def by_kind(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (kind, _), c in self.counts.items():
-            out[kind] = out.get(kind, 0) + c
-        return out
-
-
-def _model(keras, width: int, name: str):
-    inp = keras.Input((FEATURES,))
-    h = inp
-    for i in range(DEPTH):
-        h = keras.layers.Dense(width, activation="relu", name=f"d{i}")(h)
-    return keras.Model(inp, keras.layers.Dense(10, name="out")(h), name=name)
 
 
 def _measure(mode: str, cluster_json: str | None) -> list[dict]:

@@ -11,7 +11,7 @@ import sys
 from hetpipe_tf.cluster.serve import start_local_servers
 from tests.benchmarks.binaries import ROOT
 
-EPOCHS = 3
+EPOCHS = 5
 SAMPLES = 128
 
 

@@ -245,14 +245,16 @@ def test_example_job_killed_worker_named_then_resumed(tmp_path):
     job with TaskLostError and no process left; the same job started again resumes from
     BackupAndRestore's last epoch and finishes."""
     backup = str(tmp_path / "backup")
-    flags = ["--epochs=4", "--samples=256", "--fault_timeout_s=5", f"--backup_dir={backup}"]
+    # fault_timeout_s bounds the chief's start-up check too: servers slow to start on a
+    # loaded machine are not the fault here (a SIGKILLed worker is found in well under 1 s).
+    flags = ["--epochs=3", "--samples=256", "--fault_timeout_s=60", f"--backup_dir={backup}"]
     first = Launched.__new__(Launched)
     first.proc, first.lines, first.tasks = _launch_example(*flags), [], 4
     first._reader = threading.Thread(target=first._read, daemon=True)
     first._reader.start()
     second = None
     try:
-        first.wait_for(r"^\[chief:0\] Epoch 2/4", timeout=240)
+        first.wait_for(r"^\[chief:0\] Epoch 2/3", timeout=240)
         pids = first.pids()
         os.kill(pids["worker:1"], signal.SIGKILL)
         assert first.proc.wait(timeout=120) != 0
@@ -265,7 +267,7 @@ def test_example_job_killed_worker_named_then_resumed(tmp_path):
              sys.executable, "examples/train_mlp.py", *flags],
             cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert second.returncode == 0, second.stdout[-3000:]
-        assert "[chief:0] Epoch 1/4" not in second.stdout   # resumed after epoch 1
+        assert "[chief:0] Epoch 1/3" not in second.stdout   # resumed after epoch 1
         assert "[chief:0] final loss" in second.stdout
     finally:
         first.cleanup()
@@ -292,7 +294,8 @@ def test_ctrl_c_of_the_example_job_raises_keyboard_interrupt_in_fit():
     job = Launched.__new__(Launched)
     job.proc = subprocess.Popen(
         [sys.executable, "-m", "hetpipe_tf.launch", "--workers=2", "--ps=1", "--grace_s=3",
-         "--chief_grace_s=120", "--", "python", "examples/train_mlp.py", "--epochs=200"],
+         "--chief_grace_s=120", "--", "python", "examples/train_mlp.py", "--epochs=200",
+         "--samples=64"],
         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     job.lines, job.tasks = [], 4

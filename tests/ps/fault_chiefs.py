@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 
+from hetpipe_tf.cluster.probe import wait_until_reachable
 from tests.benchmarks.binaries import ROOT
 
 
@@ -21,13 +22,23 @@ def silent_listener():
     return s, f"127.0.0.1:{s.getsockname()[1]}"
 
 
+# The chief's batch size (tests/ps/chief_faults.py): an epoch of `samples` has
+# samples // BATCH batches.
+BATCH = 8
+
+
 def run_chief(cluster, victim_pid, sig, timeout_s=3.0, on_fault="stop", at_batch=8,
-              epochs=1, checkpoint=None, plans=None, stall_dump_s=None, at_epoch_end=False):
+              epochs=1, checkpoint=None, plans=None, stall_dump_s=None, at_epoch_end=False,
+              samples=512):
     args = {"cluster": cluster, "victim_pid": victim_pid, "signal": sig, "on_fault": on_fault,
-            "timeout_s": timeout_s, "at_batch": at_batch, "epochs": epochs, "samples": 512,
+            "timeout_s": timeout_s, "at_batch": at_batch, "epochs": epochs, "samples": samples,
             "plans": plans, "stall_dump_s": stall_dump_s, "at_epoch_end": at_epoch_end}
     if checkpoint:
         args["checkpoint"] = str(checkpoint)
+    # Servers that start slowly on a loaded machine are not the fault under test: the chief
+    # starts once every server answers (its own start-up check waits fault_timeout_s).
+    wait_until_reachable({f"{job}:{i}": a for job, addresses in cluster.items()
+                          if job != "chief" for i, a in enumerate(addresses)}, timeout_s=240)
     proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_faults", json.dumps(args)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:

@@ -20,6 +20,7 @@ from hetpipe_tf.ps.coordinator import Coordinator
 from hetpipe_tf.ps.faults import (FaultGuard, FaultOptions, FaultPolicy, TaskLostError,
                                   TaskUse)
 from hetpipe_tf.ps.server import ParameterServers
+from tests.ps.fault_chiefs import BATCH
 from tests.ps.fault_chiefs import silent_listener as _silent_listener
 
 CPU = "/device:CPU:0"
@@ -28,6 +29,9 @@ CONTINUE = FaultOptions(3.0, FaultPolicy.CONTINUE)
 # hang then costs this, not the chief's 150 s; a batch comes every second or so, and the
 # drop after the signal in about fault_timeout_s).
 _STALL_DUMP_S = 45
+# The end-to-end fits: 2 epochs of SAMPLES // BATCH batches, the signal after batch 8.
+SAMPLES = 256
+EPOCH = SAMPLES // BATCH
 
 
 def _servers(workers=2, settle=False):
@@ -473,7 +477,7 @@ def test_fit_goes_on_without_a_lost_vw(sig, tmp_path):
 
     with start_local_servers({"worker": 2, "ps": 1}) as servers:
         out = _chief(servers.cluster, servers.pids[1], sig, timeout_s=3.0,
-                     on_fault="continue", at_batch=8, epochs=2,
+                     on_fault="continue", at_batch=8, epochs=2, samples=SAMPLES,
                      checkpoint=tmp_path / "model.keras", stall_dump_s=_STALL_DUMP_S)
     print({k: v for k, v in out.items() if k != "stderr"})   # the figures, with -s
     assert out["raised"] is None, out
@@ -487,7 +491,7 @@ def test_fit_goes_on_without_a_lost_vw(sig, tmp_path):
     assert len(losses) == 2 and all(np.isfinite(losses)), out
     # Epoch 2 ran wholly after the loss: VW 0 trained it, the weights changed.
     assert len(weights) == 2 and weights[1] != weights[0], out
-    assert max(out["assignment"][0]) >= 64 and max(out["assignment"][1]) < 64, out
+    assert max(out["assignment"][0]) >= EPOCH and max(out["assignment"][1]) < EPOCH, out
     assert np.isfinite(out["evaluate"]) and out["checkpoint_matches"] is True, out
 
 
@@ -505,7 +509,7 @@ def test_continue_drops_exactly_the_vw_of_a_lost_task_of_a_two_stage_vw(sig):
 
     with start_local_servers({"worker": 3, "ps": 1}) as servers:
         out = _chief(servers.cluster, servers.pids[1], sig, timeout_s=3.0,
-                     on_fault="continue", at_batch=8, epochs=2,
+                     on_fault="continue", at_batch=8, epochs=2, samples=SAMPLES,
                      plans=[[dev(0), dev(1)], [dev(2)]], stall_dump_s=_STALL_DUMP_S)
     print({k: v for k, v in out.items() if k not in ("stderr", "assignment")})
     assert out["raised"] is None, out
@@ -516,7 +520,7 @@ def test_continue_drops_exactly_the_vw_of_a_lost_task_of_a_two_stage_vw(sig):
                      rf"\(stage 1 of VW 0 on {dev(1)};.*training goes on with VW\(s\) \[1\]",
                      out["stderr"]), out["stderr"][-3000:]
     assert "worker:0" not in re.findall(r"task (worker:\d) at", out["stderr"]), out["stderr"]
-    assert max(out["assignment"][1]) >= 64 and max(out["assignment"][0]) < 64, out
+    assert max(out["assignment"][1]) >= EPOCH and max(out["assignment"][0]) < EPOCH, out
     assert len(out["losses"]) == 2 and all(np.isfinite(out["losses"])), out
     assert out["epoch_weights"][1] != out["epoch_weights"][0], out
     assert np.isfinite(out["evaluate"]), out

@@ -18,6 +18,7 @@ from hetpipe_tf.ps.faults import (
     TaskUse,
     task_uses,
 )
+from tests.ps.fault_chiefs import BATCH
 from tests.ps.fault_chiefs import run_chief as _chief
 from tests.ps.fault_chiefs import silent_listener as _silent_listener
 
@@ -170,10 +171,12 @@ def test_guard_ends_a_call_stuck_on_a_frozen_task_and_abandons_the_abort():
     pytest.param("SIGSTOP", False, marks=pytest.mark.slow),
 ])
 def test_task_lost_at_the_last_epochs_end_raises_from_fit_within_the_bound(sig, at_epoch_end):
-    timeout_s = 5.0
+    timeout_s, samples = 5.0, 256
+    last_batch = samples // BATCH - 1
     with start_local_servers({"worker": 2, "ps": 1}) as servers:
         out = _chief(servers.cluster, servers.pids[1], sig, timeout_s=timeout_s, epochs=2,
-                     at_batch=-1 if at_epoch_end else 63, at_epoch_end=at_epoch_end)
+                     at_batch=-1 if at_epoch_end else last_batch, at_epoch_end=at_epoch_end,
+                     samples=samples)
     assert out["raised"] == "TaskLostError" and out["fit_raised"], out
     assert out["task"] == "worker:1" and out["virtual_workers"] == [1], out
     # Slack for a loaded 2-core machine (19 s seen beside a full -n 2 suite run).

@@ -1,5 +1,5 @@
 """Nested models split across stages: a Functional backbone two levels deep, a
-keras.applications base for transfer learning, and tied weights. At N_m = 1 the pipeline
+keras.applications ResNet base for transfer learning, and tied weights. At N_m = 1 the pipeline
 equals plain Keras on one device (the reference is the same model, trained without the
 strategy); the user's model is neither rebuilt nor copied."""
 
@@ -49,9 +49,19 @@ def test_cut_inside_a_nested_backbone_equals_plain_keras(num_stages):
 
 
 def _transfer_model(frozen: bool) -> keras.Model:
+    """A keras.applications ResNet base (the builder of ResNet50, its v1 bottleneck blocks,
+    BatchNorm and skips; two stacks of one block instead of 3-4-6-3, the same code path
+    at a tenth of the tracing) inside a transfer-learning model."""
+    from keras.src.applications import resnet
+
     keras.utils.set_random_seed(3)
-    base = keras.applications.ResNet50(include_top=False, weights=None,
-                                       input_shape=(32, 32, 3))
+
+    def stacks(h):
+        h = resnet.stack_residual_blocks_v1(h, 16, 1, stride1=1, name="conv2")
+        return resnet.stack_residual_blocks_v1(h, 32, 1, name="conv3")
+
+    base = resnet.ResNet(stacks, preact=False, use_bias=True, include_top=False,
+                         weights=None, input_shape=(32, 32, 3), name=BASE)
     base.trainable = not frozen
     x = keras.Input((32, 32, 3))
     h = base(x, training=False) if frozen else base(x)
@@ -59,8 +69,11 @@ def _transfer_model(frozen: bool) -> keras.Model:
     return keras.Model(x, keras.layers.Dense(4, name="head")(h), name="transfer")
 
 
+BASE = "resnet_base"
+
+
 @pytest.mark.parametrize("frozen", [False, True])
-def test_resnet50_base_cut_inside_equals_plain_keras(frozen):
+def test_resnet_base_cut_inside_equals_plain_keras(frozen):
     rs = np.random.RandomState(0)
     x = rs.rand(16, 32, 32, 3).astype("float32")
     y = rs.randint(0, 4, (16,))
@@ -69,12 +82,12 @@ def test_resnet50_base_cut_inside_equals_plain_keras(frozen):
         lambda: _transfer_model(frozen), plan, x, y, lambda: keras.optimizers.SGD(0.01),
         epochs=1, loss="sparse_categorical_crossentropy")
     stages = strategy.plan.stages
-    assert stages[0].layer_names[0] == "resnet50/conv1_pad"
-    assert stages[1].layer_names[0].startswith("resnet50/conv")  # the cut is inside the base
+    assert stages[0].layer_names[0] == f"{BASE}/conv1_pad"
+    assert stages[1].layer_names[0].startswith(f"{BASE}/conv")  # the cut is inside the base
     # Frozen: the base's BatchNorm statistics and weights stay; trained: they move, alike.
-    base_w = [w for w in model.get_layer("resnet50").weights]
+    base_w = [w for w in model.get_layer(BASE).weights]
     moved = [not np.array_equal(a, b) for a, b in zip(
-        [w.numpy() for w in base_w], _transfer_model(frozen).get_layer("resnet50").get_weights())]
+        [w.numpy() for w in base_w], _transfer_model(frozen).get_layer(BASE).get_weights())]
     assert (not any(moved)) if frozen else (sum(moved) > 0.9 * len(moved))
     assert_weights_close(model.get_weights(), ref.get_weights(), atol=1e-4)
     np.testing.assert_allclose(hist.history["loss"], ref_hist.history["loss"], rtol=1e-4)

@@ -71,7 +71,7 @@ class Correction(enum.Enum):
 # number of virtual workers, scales each VW's step (it stands for every VW's).
 def _weight_prediction(device: str, n_m: int, num_vws: int, look_ahead: bool):
     from hetpipe_tf.pipeline.weight_prediction import WeightPredictor
-    return WeightPredictor(device, scale=float(num_vws))
+    return WeightPredictor(device, scale=float(num_vws), gated=True)
 
 
 def _delay_compensation(device: str, n_m: int, num_vws: int, look_ahead: bool):

@@ -17,6 +17,14 @@ layer-by-layer mixing). The stored versions, pushes, pulls and `rebase` are unto
 only the values a forward reads move, and the update is applied to w_local as before.
 Pulled global weights move w_local, not d (d is this VW's own velocity).
 
+Gated (`gated=True`, what Compensation.PREDICT makes): each tensor looks ahead only while d
+before its last update predicted that update with at most half the squared error of no
+prediction, |u_q - d|^2 < |u_q|^2 / 2; else k_p is 0 for it. Momentum SGD's and Adam's
+steps repeat and pass; RMSprop's without momentum are each minibatch's gradient scaled per
+coordinate, do not repeat, and would move the forward away from the weights the update
+lands on (docs/convergence.md "The defaults"). The gates are scalars kept after d's
+tensors in the same state list.
+
 This is an option (`Compensation.PREDICT`, pipeline/compensation.py); with
 `Compensation.NONE` no predictor exists and `StageWeights` runs the paper's rules exactly
 (docs/convergence.md). `delay_compensation.py` and `gap_aware.py` subclass it to also

@@ -26,14 +26,18 @@ def _workloads() -> dict[str, tuple]:
 
 
 def losses(workload: str, optimizer: tuple[str, dict], setting: str, epochs: int,
-           weights0: list, seed: int = 0) -> list[float]:
-    """Training loss per epoch of one row: setting "plain" (Keras, one device), "default"
-    (no compensation given) or a compensation's name."""
+           weights0: list, seed: int = 0, examples: int = 0) -> tuple[list[float], object]:
+    """(training loss per epoch, the compensation used) of one row: setting "plain" (Keras,
+    one device), "default" (no compensation given) or a compensation's name; `examples`
+    > 0 trains on that many (and validates on a quarter as many) instead of the
+    workload's."""
     import tensorflow as tf
 
     import hetpipe_tf as hp
 
     n, n_val, batch, data, build = _workloads()[workload]
+    if examples:
+        n, n_val = examples, max(examples // 4, 1)
     x, y = data(n, 0)
     xv, yv = data(n_val, 1)
     ds = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=seed)
@@ -50,7 +54,7 @@ def losses(workload: str, optimizer: tuple[str, dict], setting: str, epochs: int
 
 
 def table(workloads, optimizers: dict[str, tuple], settings, epochs: int, seed: int = 0,
-          log: Callable[[str], None] = print) -> list[tuple[str, ...]]:
+          log: Callable[[str], None] = print, examples: int = 0) -> list[tuple[str, ...]]:
     """Rows (header first) of workload x optimizer x setting."""
     import keras
 
@@ -61,7 +65,8 @@ def table(workloads, optimizers: dict[str, tuple], settings, epochs: int, seed: 
         for opt_name, opt in optimizers.items():
             results = {}
             for setting in settings:
-                per_epoch, chosen = losses(workload, opt, setting, epochs, weights0, seed)
+                per_epoch, chosen = losses(workload, opt, setting, epochs, weights0, seed,
+                                           examples)
                 label = f"default ({chosen})" if setting == "default" else setting
                 results[setting] = (label, per_epoch)
                 log(f"  done: {workload} {opt_name} {label}")

@@ -93,6 +93,9 @@ _RECURRENT = flags.DEFINE_list("recurrent_workloads", list(RECURRENT), "--mode=r
 _RECURRENT_OPTIMIZERS = flags.DEFINE_list("recurrent_optimizers", ["rmsprop", "adam"],
                                           "--mode=recurrent: optimizers, from "
                                           f"{sorted(OPTIMIZERS)}.")
+_RECURRENT_EXAMPLES = flags.DEFINE_integer("recurrent_examples", 0, "--mode=recurrent: "
+                                          "training examples (0: each workload's).",
+                                          lower_bound=0)
 _RECURRENT_SETTINGS = flags.DEFINE_list(
     "recurrent_settings", ["plain", "default", "none"], "--mode=recurrent: rows: "
     "plain (Keras on one device), default (no compensation given) or compensation names "
@@ -321,7 +324,7 @@ def main(argv: list[str]) -> int:
         rows = _recurrent.table(
             _RECURRENT.value, {o: OPTIMIZERS[o] for o in _RECURRENT_OPTIMIZERS.value},
             _RECURRENT_SETTINGS.value, epochs, _SEED.value,
-            log=lambda m: print(m, flush=True))
+            log=lambda m: print(m, flush=True), examples=_RECURRENT_EXAMPLES.value)
         print(_study.markdown_table(rows))
         return 0
     gap = _MODE.value == "gap"

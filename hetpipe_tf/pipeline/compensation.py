@@ -4,7 +4,8 @@ A `Compensation` is made of independent parts (docs/convergence.md says what eac
 in Section 6's argument):
 
   predicts          weight prediction: forwards read their version moved ahead by the
-                    local updates it misses (pipeline/weight_prediction.py)
+                    local updates it misses, per tensor while its steps repeat (the gate,
+                    pipeline/weight_prediction.py)
   reduces_momentum  the stage optimizers' momentum lowered by the momentum staleness
                     implies (strategy/compensation.py)
   averages          each of N virtual workers' updates scaled by 1/N (strategy/averaging.py)

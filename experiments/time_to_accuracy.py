@@ -5,6 +5,7 @@ staleness compensation (issue 20; docs/convergence.md).
   python -m experiments.time_to_accuracy                # the whole table
   python -m experiments.time_to_accuracy --mode=gap     # accuracy at equal epochs (issue's table)
   python -m experiments.time_to_accuracy --mode=cost    # compensation's cost per minibatch
+  python -m experiments.time_to_accuracy --mode=recurrent   # the default on LSTM / GRU models
 
 --mode=time (the default) prints ONE table from one run, per task: wall-clock seconds and
 epochs to --target validation accuracy, and the final accuracy, for
@@ -33,6 +34,11 @@ runs: read them as ratios within one run.
 --epochs 4, the same initial weights and data order), plain Keras against 1 VW x 2 stages
 at N_m = 2 and 2 VWs x 2 stages at N_m = 2, D = 4, per optimizer and compensation.
 
+--mode=recurrent prints, for an LSTM seq2seq and a GRU tagger (hetpipe_tf.models) with
+RMSprop and Adam, the training loss per epoch plain and on a 2-stage pipeline at N_m = 2
+with the default compensation and named ones (--recurrent_settings), `fit` with validation
+ending a pipeline run every epoch (experiments/_recurrent.py; --epochs, default 3).
+
 --mode=cost times one stage's weight bookkeeping per minibatch (take a version, apply an
 update: what the stage thread does besides the forward and backward) on a Dense stack of
 --cost_width x --cost_width layers, at N_m = 2, with each compensation: the difference is
@@ -56,7 +62,7 @@ import time  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-from experiments import _study  # noqa: E402
+from experiments import _cost, _study  # noqa: E402
 
 OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "momentum": ("SGD", {"learning_rate": 0.05, "momentum": 0.9}),
@@ -68,17 +74,32 @@ OPTIMIZERS = {   # name -> (Keras class name, keyword arguments)
     "momentum_mild": ("SGD", {"learning_rate": 0.01, "momentum": 0.9}),
     "nesterov": ("SGD", {"learning_rate": 0.01, "momentum": 0.9, "nesterov": True}),
     "rmsprop_momentum": ("RMSprop", {"learning_rate": 2e-4, "momentum": 0.9}),
+    "rmsprop": ("RMSprop", {"learning_rate": 1e-3}),   # Keras' default, no momentum
 }
 COMPENSATIONS = ("none", "predict", "momentum", "both", "average", "all", "both_dc",
                  "both_ga")
 SCHEDULES = ("gpipe", "1f1b")
 TASKS = ("digits", "spirals")
+RECURRENT = ("seq2seq", "tagger")
 SPEED_FACTORS = (1.0, 1.0, 1.0, 0.5)
 HOSTS = 2
 
-_MODE = flags.DEFINE_enum("mode", "time", ["time", "gap", "cost"], "time: time to accuracy; "
-                          "gap: accuracy at equal epochs (the issue's table); cost: "
-                          "compensation's cost per minibatch.")
+_MODE = flags.DEFINE_enum("mode", "time", ["time", "gap", "cost", "recurrent"],
+                          "time: time to accuracy; gap: accuracy at equal epochs (the "
+                          "issue's table); cost: compensation's cost per minibatch; "
+                          "recurrent: the compensation default on recurrent models.")
+_RECURRENT = flags.DEFINE_list("recurrent_workloads", list(RECURRENT), "--mode=recurrent: "
+                               f"workloads, from {RECURRENT}.")
+_RECURRENT_OPTIMIZERS = flags.DEFINE_list("recurrent_optimizers", ["rmsprop", "adam"],
+                                          "--mode=recurrent: optimizers, from "
+                                          f"{sorted(OPTIMIZERS)}.")
+_RECURRENT_EXAMPLES = flags.DEFINE_integer("recurrent_examples", 0, "--mode=recurrent: "
+                                          "training examples (0: each workload's).",
+                                          lower_bound=0)
+_RECURRENT_SETTINGS = flags.DEFINE_list(
+    "recurrent_settings", ["plain", "default", "none"], "--mode=recurrent: rows: "
+    "plain (Keras on one device), default (no compensation given) or compensation names "
+    f"from {COMPENSATIONS}.")
 _COST_WIDTH = flags.DEFINE_integer("cost_width", 512, "--mode=cost: layer width.",
                                    lower_bound=1)
 _COST_LAYERS = flags.DEFINE_integer("cost_layers", 4, "--mode=cost: layers.", lower_bound=1)
@@ -142,6 +163,13 @@ flags.register_validator("optimizers", lambda v: _check(v, OPTIMIZERS),
                          f"--optimizers: from {sorted(OPTIMIZERS)}.")
 flags.register_validator("compensations", lambda v: _check(v, COMPENSATIONS),
                          f"--compensations: from {COMPENSATIONS}.")
+flags.register_validator("recurrent_workloads", lambda v: _check(v, RECURRENT),
+                         f"--recurrent_workloads: from {RECURRENT}.")
+flags.register_validator("recurrent_optimizers", lambda v: _check(v, OPTIMIZERS),
+                         f"--recurrent_optimizers: from {sorted(OPTIMIZERS)}.")
+flags.register_validator("recurrent_settings",
+                         lambda v: _check(v, ("plain", "default") + COMPENSATIONS),
+                         f"--recurrent_settings: plain, default or from {COMPENSATIONS}.")
 flags.register_validator("schedules", lambda v: all(x in SCHEDULES for x in v),
                          f"--schedules: from {SCHEDULES}.")
 flags.register_validator("distances", lambda v: bool(v) and all(x.isdigit() for x in v),
@@ -263,47 +291,6 @@ def gap_settings(devices, compensations):
     return out
 
 
-def cost_table(device: str, rounds: int = 300) -> list[tuple[str, ...]]:
-    """ms per minibatch of one stage's take + apply, per compensation (median of 5)."""
-    import numpy as np
-    import keras
-    import tensorflow as tf
-
-    from hetpipe_tf.pipeline.weights import StageWeights
-    from hetpipe_tf.strategy.compensation import (Compensation, optimizer_adjustment,
-                                                  predictor_factory)
-
-    w, k = _COST_WIDTH.value, _COST_LAYERS.value
-    rows = [("compensation", "ms per minibatch", "vs none")]
-    base = None
-    for c in COMPENSATIONS:
-        comp = Compensation.parse(c)
-        with tf.device(device):
-            variables = [keras.Variable(np.random.RandomState(i).randn(w, w).astype("float32")
-                                        * 0.01) for i in range(k)]
-        opt = keras.optimizers.SGD(1e-3, momentum=0.9)
-        opt.build(variables)
-        adjust = optimizer_adjustment(comp, 2, num_vws=2)   # a stage of one of 2 VWs
-        if adjust is not None:
-            adjust(opt)
-        sw = StageWeights(device, variables, [], opt, n_m=2,
-                          predictor=predictor_factory(comp, 2, 2)(device))
-        grads = [tf.ones((w, w)) * 1e-3 for _ in range(k)]
-        sw.start_run(1, 0)
-        times = []
-        for r in range(5):
-            q0 = sw.applied
-            t0 = time.perf_counter()
-            for q in range(q0 + 1, q0 + rounds + 1):
-                sw.take(q + 1)           # minibatch q + 1's version (missing update q)
-                sw.apply(q, grads, [])   # w_local += u_q, version of q + 2
-            times.append((time.perf_counter() - t0) / rounds * 1e3)
-        ms = float(np.median(times))
-        base = base or ms
-        rows.append((c, f"{ms:.3f}", f"{ms / base:.2f}x"))
-    return rows
-
-
 def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
@@ -323,7 +310,22 @@ def main(argv: list[str]) -> int:
               f"{_COST_LAYERS.value} x ({_COST_WIDTH.value} x {_COST_WIDTH.value}) float32 "
               "weights, SGD momentum 0.9, N_m = 2, a stage of one of 2 VWs (median of 5 x "
               f"{_COST_ROUNDS.value} minibatches).")
-        print(_study.markdown_table(cost_table(devices[0], _COST_ROUNDS.value)))
+        print(_study.markdown_table(_cost.cost_table(
+            devices[0], COMPENSATIONS, _COST_WIDTH.value, _COST_LAYERS.value,
+            _COST_ROUNDS.value)))
+        return 0
+    if _MODE.value == "recurrent":
+        from experiments import _recurrent
+
+        epochs = _EPOCHS.value or 3
+        print(f"2 stages of a planned pipeline on {devices[:2]}, N_m = 2, {epochs} epochs "
+              f"with validation (a run boundary at every epoch), seed {_SEED.value}; "
+              "training loss per epoch.")
+        rows = _recurrent.table(
+            _RECURRENT.value, {o: OPTIMIZERS[o] for o in _RECURRENT_OPTIMIZERS.value},
+            _RECURRENT_SETTINGS.value, epochs, _SEED.value,
+            log=lambda m: print(m, flush=True), examples=_RECURRENT_EXAMPLES.value)
+        print(_study.markdown_table(rows))
         return 0
     gap = _MODE.value == "gap"
     tasks = ["digits"] if (_QUICK.value or gap) else _TASKS.value

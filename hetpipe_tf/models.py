@@ -269,3 +269,57 @@ def digits_mlp(widths: tuple[int, ...] = (128, 64, 64)) -> keras.Model:
                for i, w in enumerate(widths)]
     layers.append(keras.layers.Dense(10, activation="softmax", name="digits"))
     return keras.Sequential(layers, name="digits_mlp")
+
+
+# --- recurrent workloads (experiments/time_to_accuracy.py --mode=recurrent) ---------------
+def seq2seq_data(n: int, seed: int = 0, source_tokens: int = 40, target_tokens: int = 57,
+                 source_length: int = 12, target_length: int = 14):
+    """((encoder inputs, decoder inputs), targets) of a generated translation task, one-hot
+    as Keras' character-level LSTM seq2seq example feeds them: each target sequence counts
+    from a start token by a stride, both read from the source's first two tokens (so the
+    decoder needs the encoder's state), with the previous target token as the decoder's
+    input (teacher forcing). The untrained loss is log(target_tokens)."""
+    import numpy as np
+
+    rs = np.random.RandomState(seed)
+    src = rs.randint(1, source_tokens, (n, source_length))
+    stride = src[:, 0] % 5 + 1
+    steps = np.arange(target_length)[None]
+    tgt = (src[:, 1:2] + stride[:, None] * steps) % (target_tokens - 2) + 2
+    dec = np.concatenate([np.zeros((n, 1), int), tgt[:, :-1]], 1)
+    return ((np.eye(source_tokens, dtype="float32")[src],
+             np.eye(target_tokens, dtype="float32")[dec]), tgt.astype("int32"))
+
+
+def lstm_seq2seq(latent: int = 128, source_tokens: int = 40, target_tokens: int = 57
+                 ) -> keras.Model:
+    """An LSTM encoder whose final states start an LSTM decoder, a softmax per target step
+    (the shape of Keras' lstm_seq2seq example; the states cross a stage cut)."""
+    enc_in = keras.Input((None, source_tokens), name="encoder_inputs")
+    _, h, c = keras.layers.LSTM(latent, return_state=True, name="encoder")(enc_in)
+    dec_in = keras.Input((None, target_tokens), name="decoder_inputs")
+    seq = keras.layers.LSTM(latent, return_sequences=True, name="decoder")(
+        dec_in, initial_state=[h, c])
+    out = keras.layers.Dense(target_tokens, activation="softmax", name="next_token")(seq)
+    return keras.Model([enc_in, dec_in], out, name="lstm_seq2seq")
+
+
+def tagging_data(n: int, seed: int = 0, vocabulary: int = 50, length: int = 20):
+    """(token ids, tags): each token's tag (12 classes) is a function of the token and the
+    one before it, so a tagger must carry state along the sequence."""
+    import numpy as np
+
+    rs = np.random.RandomState(seed)
+    x = rs.randint(1, vocabulary, (n, length))
+    prev = np.concatenate([np.zeros((n, 1), int), x[:, :-1]], 1)
+    return x.astype("int32"), ((x % 4) * 3 + prev % 3).astype("int32")
+
+
+def gru_tagger(units: int = 64, vocabulary: int = 50, length: int = 20) -> keras.Model:
+    """Embedding, two GRUs over the sequence, a 12-way softmax per token."""
+    tokens = keras.Input((length,), dtype="int32", name="tokens")
+    h = keras.layers.Embedding(vocabulary, 32, name="embedding")(tokens)
+    h = keras.layers.GRU(units, return_sequences=True, name="gru1")(h)
+    h = keras.layers.GRU(units, return_sequences=True, name="gru2")(h)
+    out = keras.layers.Dense(12, activation="softmax", name="tags")(h)
+    return keras.Model(tokens, out, name="gru_tagger")

@@ -4,7 +4,8 @@ A `Compensation` is made of independent parts (docs/convergence.md says what eac
 in Section 6's argument):
 
   predicts          weight prediction: forwards read their version moved ahead by the
-                    local updates it misses (pipeline/weight_prediction.py)
+                    local updates it misses, per tensor while its steps repeat (the gate,
+                    pipeline/weight_prediction.py)
   reduces_momentum  the stage optimizers' momentum lowered by the momentum staleness
                     implies (strategy/compensation.py)
   averages          each of N virtual workers' updates scaled by 1/N (strategy/averaging.py)
@@ -71,7 +72,7 @@ class Correction(enum.Enum):
 # number of virtual workers, scales each VW's step (it stands for every VW's).
 def _weight_prediction(device: str, n_m: int, num_vws: int, look_ahead: bool):
     from hetpipe_tf.pipeline.weight_prediction import WeightPredictor
-    return WeightPredictor(device, scale=float(num_vws))
+    return WeightPredictor(device, scale=float(num_vws), gated=True)
 
 
 def _delay_compensation(device: str, n_m: int, num_vws: int, look_ahead: bool):

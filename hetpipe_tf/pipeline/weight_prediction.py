@@ -17,6 +17,14 @@ layer-by-layer mixing). The stored versions, pushes, pulls and `rebase` are unto
 only the values a forward reads move, and the update is applied to w_local as before.
 Pulled global weights move w_local, not d (d is this VW's own velocity).
 
+Gated (`gated=True`, what Compensation.PREDICT makes): each tensor looks ahead only while d
+before its last update predicted that update with at most half the squared error of no
+prediction, |u_q - d|^2 < |u_q|^2 / 2; else k_p is 0 for it. Momentum SGD's and Adam's
+steps repeat and pass; RMSprop's without momentum are each minibatch's gradient scaled per
+coordinate, do not repeat, and would move the forward away from the weights the update
+lands on (docs/convergence.md "The defaults"). The gates are scalars kept after d's
+tensors in the same state list.
+
 This is an option (`Compensation.PREDICT`, pipeline/compensation.py); with
 `Compensation.NONE` no predictor exists and `StageWeights` runs the paper's rules exactly
 (docs/convergence.md). `delay_compensation.py` and `gap_aware.py` subclass it to also
@@ -38,13 +46,15 @@ class WeightPredictor:
     (not variables: it is an estimate, rebuilt from zero at a new executor, never in a
     checkpoint). Calls happen under the owning StageWeights' lock."""
 
-    def __init__(self, device: str, beta: float = 0.0, scale: float = 1.0):
+    def __init__(self, device: str, beta: float = 0.0, scale: float = 1.0,
+                 gated: bool = False):
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"The predictor's smoothing must be in [0, 1). Received: "
                              f"beta={beta!r}.")
         self.device = device
         self.beta = float(beta)
         self.scale = float(scale)
+        self.gated = bool(gated)
         self.d: list | None = None   # zeros until the first update
         self.predicted = 0            # forwards that ran at predicted weights
         self._predict_fn = compiled_method(self._predict_impl, reduce_retracing=True)
@@ -54,9 +64,19 @@ class WeightPredictor:
         """d after one update, from d before it (ops for the caller's compiled apply;
         `before`/`after` are the trainable values around the update)."""
         u = [a - b for a, b in zip(after, before)]
-        if self.beta == 0.0:
-            return u
-        return [self.beta * x + (1.0 - self.beta) * y for x, y in zip(d, u)]
+        n = len(u)
+        new = u if self.beta == 0.0 else [
+            self.beta * x + (1.0 - self.beta) * y for x, y in zip(d[:n], u)]
+        if not self.gated:
+            return new
+        # Each tensor's gate: whether its d before this update predicted the update with at
+        # most half the squared error of no prediction, |u - d|^2 < |u|^2 / 2 (a cosine
+        # above 3/4 between equal steps). Steps that carry momentum pass (SGD's velocity,
+        # Adam's first moment); steps that do not repeat (RMSprop without momentum on noisy
+        # gradients, an oscillation) fail, and their versions are read as they are.
+        gates = [tf.cast(2.0 * tf.reduce_sum(tf.square(y - x)) < tf.reduce_sum(tf.square(y)),
+                         y.dtype) for x, y in zip(d[:n], u)]
+        return new + gates
 
     def correct_ops(self, grads: Sequence, before: Sequence, d: Sequence) -> list:
         """The gradients the optimizer applies (ops for the caller's compiled update):
@@ -68,6 +88,8 @@ class WeightPredictor:
         if self.d is None:
             with tf.device(self.device):
                 self.d = [tf.zeros_like(v) for v in values]
+                if self.gated:   # closed until an update is predicted by the one before
+                    self.d += [tf.zeros((), v.dtype) for v in values]
         return self.d
 
     def horizon(self, p: int, last: int) -> float:
@@ -75,6 +97,10 @@ class WeightPredictor:
         return self.scale * max(0, p - 1 - last)
 
     def _predict_impl(self, values, d, k):
+        if self.gated:
+            n = len(values)
+            return [v + tf.cast(k, v.dtype) * g * x
+                    for v, x, g in zip(values, d[:n], d[n:])]
         return [v + tf.cast(k, v.dtype) * x for v, x in zip(values, d)]
 
     def predict(self, values: tuple, d: Sequence, k: float) -> tuple:

@@ -7,7 +7,9 @@ The stages' predictors come from the compensation's row of `pipeline/compensatio
 `Compensation.PREDICT` gives every stage a `WeightPredictor` (pipeline/weight_prediction.py):
 forwards read their weight version moved ahead by N x k_p steps of the stage's last update,
 k_p = the local updates the version misses, N = the number of virtual workers (each VW's
-update stands for every VW's: the other N - 1 VWs also move w_global while p is in flight).
+update stands for every VW's: the other N - 1 VWs also move w_global while p is in flight),
+per tensor only while its steps repeat (the gate: momentum SGD and Adam look ahead,
+RMSprop without momentum does not; docs/convergence.md "The defaults").
 
 `Compensation.MOMENTUM` (Mitliagkas et al. 2016, "Asynchrony begets momentum"): applying a
 gradient s updates late behaves like an extra, implicit momentum of about 1 - 1/(s + 1),

@@ -60,7 +60,9 @@ def test_memory_benchmark_counts_weight_prediction_buffers():
     for r in rows:
         assert r["copies model: versions / prediction"] == "1 / 2", r
         seen = float(r["most copies seen: versions / prediction"].split("/")[1])
-        assert 0 < seen <= 2.0 + 1e-6, r   # at least the zero d of the run's start
+        # At least the zero d of the run's start; at most 2 copies and the gate's
+        # scalars (one per tensor: 0.01 of this tiny model's copy, as printed).
+        assert 0 < seen <= 2.0 + 0.05, r
         assert math.isfinite(float(r["ratio"])) and float(r["ratio"]) > 0, r
 
 

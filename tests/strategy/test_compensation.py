@@ -60,10 +60,11 @@ def _fit(n_m, stages, make_opt, compensation, seed=0):
 
 def prediction_reference(weights0, make_opt, batches, n_m, runs):
     """Local staleness with weight prediction, written independently: minibatch p's
-    gradient is taken at W[v] + (p - 1 - v) * (W[v] - W[v - 1]) (v = the last update its
-    version reflects, W[q] = the weights after update q; no look-ahead from a version
-    taken at a run's start, where d restarts from zero) and applied to the newest
-    weights."""
+    gradient is taken at W[v] + (p - 1 - v) * gate * (W[v] - W[v - 1]) (v = the last update
+    its version reflects, W[q] = the weights after update q; per tensor, gate = 1 where
+    that step was predicted by the step before with at most half the squared error of no
+    prediction, else 0; no look-ahead from a version taken at a run's start, where d
+    restarts from zero) and applied to the newest weights."""
     live, probe = skip_model(0), skip_model(0)
     live.set_weights(weights0)
     opt = make_opt()
@@ -75,9 +76,12 @@ def prediction_reference(weights0, make_opt, batches, n_m, runs):
         if p in runs:
             run_last = p - 1
         v = max(run_last, p - n_m)
-        u = ([a - b for a, b in zip(after[v], after[v - 1])] if v > run_last
-             else [np.zeros_like(a) for a in after[0]])
-        probe.set_weights([a + (p - 1 - v) * d for a, d in zip(after[v], u)])
+        def step(q):
+            return ([a - b for a, b in zip(after[q], after[q - 1])] if q > run_last
+                    else [np.zeros_like(a) for a in after[0]])
+        u, before = step(v), step(v - 1)
+        gate = [2 * np.sum((x - y) ** 2) < np.sum(x ** 2) for x, y in zip(u, before)]
+        probe.set_weights([a + (p - 1 - v) * g * d for a, d, g in zip(after[v], u, gate)])
         with tf.GradientTape() as tape:
             loss = loss_fn(y, probe(x, training=True))
         grads = tape.gradient(loss, probe.trainable_variables)

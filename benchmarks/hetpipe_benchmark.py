@@ -31,12 +31,12 @@ import time  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks._cli import compensation, compensation_flag, load_cluster, run  # noqa: E402
-from hetpipe_tf import models  # noqa: E402
+from hetpipe_tf.model_names import MODEL_NAMES  # noqa: E402
 from hetpipe_tf.cluster.allocation import AllocationPolicy  # noqa: E402
 
 _MODE = flags.DEFINE_enum("mode", "run", ["run", "simulate", "paper"], "What to do "
                           "('paper' moved: run python -m experiments.paper).")
-_MODEL = flags.DEFINE_enum("model", "small_cnn", models.MODEL_NAMES, "Model.")
+_MODEL = flags.DEFINE_enum("model", "small_cnn", MODEL_NAMES, "Model.")
 _CLUSTER = flags.DEFINE_string(
     "cluster", "local", "'local' (this machine's CPU split into --devices logical devices, "
     "one host each), 'paper' (the paper's 4 hosts x 4 GPUs), or a cluster JSON file.")
@@ -122,6 +122,8 @@ def _cluster():
 
 
 def _model():
+    from hetpipe_tf import models
+
     return models.build_model(_MODEL.value, input_size=_INPUT_SIZE.value or None,
                               num_classes=_NUM_CLASSES.value)
 

@@ -56,9 +56,9 @@ import time  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks._cli import run, speed_factors_flag  # noqa: E402
-from hetpipe_tf import models  # noqa: E402
+from hetpipe_tf.model_names import MODEL_NAMES  # noqa: E402
 
-_MODEL = flags.DEFINE_enum("model", "small_cnn", models.MODEL_NAMES, "Model.")
+_MODEL = flags.DEFINE_enum("model", "small_cnn", MODEL_NAMES, "Model.")
 _INPUT_SIZE = flags.DEFINE_integer("input_size", 0, "Features of mlp / image side; 0 = the "
                                    "model's default.", lower_bound=0)
 _NUM_CLASSES = flags.DEFINE_integer("num_classes", 10, "Output classes.", lower_bound=2)
@@ -85,6 +85,8 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed fits per row (best kept).",
 
 
 def _model():
+    from hetpipe_tf import models
+
     return models.build_model(_MODEL.value, input_size=_INPUT_SIZE.value or None,
                               num_classes=_NUM_CLASSES.value)
 
@@ -132,6 +134,7 @@ def main(argv: list[str]) -> None:
     import tensorflow as tf
 
     from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.models import random_inputs
     from hetpipe_tf.partitioner.shares import DeviceSpeed
     from hetpipe_tf.strategy import HetPipeStrategy, even_plan
 
@@ -169,7 +172,7 @@ def main(argv: list[str]) -> None:
     fitted = {}
     for name, strategy in rows.items():
         model = _compiled(keras, strategy.scope())
-        ds = models.random_inputs(model, _BATCH_SIZE.value, _NUM_CLASSES.value)
+        ds = random_inputs(model, _BATCH_SIZE.value, _NUM_CLASSES.value)
         print(f"\n{name}: first step (tracing; the shares are printed)")
         model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0)
         fitted[name] = (model, ds)

@@ -19,10 +19,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 
 from benchmarks._cli import load_cluster, run  # noqa: E402
-from hetpipe_tf import models  # noqa: E402
+from hetpipe_tf.model_names import MODEL_NAMES  # noqa: E402
 from hetpipe_tf.cluster import catalog  # noqa: E402
 
-_MODEL = flags.DEFINE_enum("model", "resnet50", models.MODEL_NAMES, "Model to partition.")
+_MODEL = flags.DEFINE_enum("model", "resnet50", MODEL_NAMES, "Model to partition.")
 _DEVICES = flags.DEFINE_list(
     "devices", ["TITAN_V", "TITAN_RTX", "RTX_2060", "QUADRO_P4000"],
     "Device types of the virtual worker, one entry per device (catalog names, e.g. "
@@ -98,6 +98,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected positional arguments. Received: {argv[1:]}; "
                              "pass options as --flag=value (--helpshort lists them).")
+    from hetpipe_tf import models
     from hetpipe_tf.partitioner.planner import plan_model
 
     cluster, devices = _virtual_worker(_CLUSTER.value, _DEVICES.value)

@@ -15,6 +15,8 @@ from typing import Callable
 
 import keras
 
+from hetpipe_tf import model_names
+
 _APPLICATIONS: dict[str, Callable[..., keras.Model]] = {
     "vgg16": keras.applications.VGG16,
     "vgg19": keras.applications.VGG19,
@@ -131,7 +133,10 @@ _SMALL: dict[str, Callable[[int, int], keras.Model]] = {
     "resnet50_transfer": _resnet50_transfer,
     "gpt_decoder": lambda size, classes: gpt_decoder(size, classes),
 }
-MODEL_NAMES = tuple(sorted(_APPLICATIONS) + sorted(_SMALL))
+MODEL_NAMES = model_names.MODEL_NAMES
+if MODEL_NAMES != tuple(sorted(_APPLICATIONS) + sorted(_SMALL)):   # one list of names
+    raise ImportError("hetpipe_tf/model_names.py lists other models than models.py builds: "
+                      f"{MODEL_NAMES} against {sorted(_APPLICATIONS) + sorted(_SMALL)}.")
 # Image side, feature count (mlp) or sequence length (gpt_decoder; num_classes = vocabulary).
 DEFAULT_INPUT_SIZE = {"mlp": 32, "small_cnn": 32, "small_resnet": 32,
                       "resnet50_transfer": 224, "gpt_decoder": 64}

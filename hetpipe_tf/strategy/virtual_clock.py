@@ -33,11 +33,11 @@ from hetpipe_tf.cluster.roles import connected_to_cluster
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.pipeline.ordered_runtime import OrderedRuntime
 from hetpipe_tf.pipeline.stage import Stage
-from hetpipe_tf.pipeline.weights import StageWeights, WeightVersions
 from hetpipe_tf.ps.server import ParameterServers
 from hetpipe_tf.ps.timed_sync import TimedWaveSync
 from hetpipe_tf.ps.virtual_coordinator import VirtualCoordinator
 from hetpipe_tf.strategy import training_state
+from hetpipe_tf.strategy.virtual_workers import vw_weights
 
 METRIC_NAME = "virtual_time_s"
 
@@ -122,34 +122,13 @@ def build_virtual_clock(options, job) -> VirtualCoordinator:
                                        len(plans), names=[getattr(v, "path", v.name)
                                                           for v in variables])
             metric = VirtualTime()
-        index = {id(v): k for k, v in enumerate(variables)}
         states = training_state.OptimizerStates(model, job.strategy, len(plans),
                                                 adjust=job.adjust)
         runtimes, syncs = [], []
         for w, stages in enumerate(per_vw):
-            flat: list = [None] * len(variables)
-            by_stage = []
-            with job.place_locally():
-                for s in stages:
-                    groups = []
-                    for group in (s.trainable, s.versioned_nt):
-                        copies = []
-                        for v in group:
-                            with tf.device(s.device):
-                                c = tf.Variable(initial[index[id(v)]], trainable=False,
-                                                name=f"vw{w}_{v.name.replace(':', '_')}")
-                            _keras_shim.stand_in_for(c, v)
-                            flat[index[id(v)]] = c
-                            copies.append(c)
-                        groups.append(copies)
-                    by_stage.append(tuple(groups))
-            optimizers = states.for_virtual_worker([t for t, _ in by_stage],
-                                                   [s.trainable for s in stages])
-            weights = WeightVersions([
-                StageWeights(s.device, t, n, o, n_m,
-                             counter=model.optimizer.iterations if s.index == 0 else None,
-                             predictor=job.predictor(s.device))
-                for s, (t, n), o in zip(stages, by_stage, optimizers)])
+            # The stages' emulated speed is 1 (`runs`): the clock gives the times.
+            flat, weights = vw_weights(w, stages, variables, initial, states, model, n_m,
+                                       job.predictor, job.place_locally)
             syncs.append(TimedWaveSync(w, servers, flat, n_m, d, weights=weights))
             runtimes.append((stages, weights, runs[w]))
     _attach(model, metric)

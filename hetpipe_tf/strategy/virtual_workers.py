@@ -104,38 +104,13 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
             servers = ParameterServers(initial, devices, len(plans),
                                        names=[v.path if hasattr(v, "path") else v.name
                                               for v in variables])
-        index = {id(v): k for k, v in enumerate(variables)}
         # Droppable: a dropped VW's thread stuck holding it is let go of (ps/coordinator.py).
         metrics_lock = DroppableLock()
         runtimes, syncs = [], []
         states = training_state.OptimizerStates(model, strategy, len(plans), adjust=adjust)
         for w, stages in enumerate(per_vw_stages):
-            local_flat: list = [None] * len(variables)
-            local_by_stage = []
-            with place_locally():
-                for s in stages:
-                    groups = []
-                    for group in (s.trainable, s.versioned_nt):
-                        copies = []
-                        for v in group:
-                            with tf.device(s.device):
-                                # No "/" in the name: optimizers name their slots after
-                                # it, and Keras refuses "/" there (Adafactor).
-                                c = tf.Variable(initial[index[id(v)]], trainable=False,
-                                                name=f"vw{w}_{v.name.replace(':', '_')}")
-                            _keras_shim.stand_in_for(c, v)
-                            local_flat[index[id(v)]] = c
-                            copies.append(c)
-                        groups.append(copies)
-                    local_by_stage.append(tuple(groups))
-            optimizers = states.for_virtual_worker([t for t, _ in local_by_stage],
-                                                   [s.trainable for s in stages])
-            weights = WeightVersions([
-                StageWeights(s.device, t, n, o, n_m,
-                             counter=model.optimizer.iterations if s.index == 0 else None,
-                             emulated_speed_factor=s.emulated_speed_factor,
-                             predictor=predictor(s.device))
-                for s, (t, n), o in zip(stages, local_by_stage, optimizers)])
+            local_flat, weights = vw_weights(w, stages, variables, initial, states, model,
+                                             n_m, predictor, place_locally)
             sync = WaveSync(w, servers, local_flat, n_m, clock_distance,
                             fresh_pulls=fresh_pulls, weights=weights)
             # `make_runtime(stages, weights, plan, **kwargs)`: another schedule's executor
@@ -156,3 +131,40 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
     return Coordinator(runtimes, syncs, servers, variables, on_run_start=states.seed,
                        on_run_end=states.merge, guard=guard, on_drop=states.drop,
                        metrics_lock=metrics_lock)
+
+
+def vw_weights(w: int, stages: Sequence[Stage], variables: Sequence, initial: Sequence,
+               states: "training_state.OptimizerStates", model, n_m: int,
+               predictor: Callable, place_locally: Callable) -> tuple[list, WeightVersions]:
+    """VW `w`'s w_local: a copy of each of its stages' variables on the stage's device,
+    from `initial` (w_global's first values, in `variables`' order), and the stages'
+    weight versions with their optimizers. Returns (the copies in `variables`' order, the
+    VW's WeightVersions)."""
+    index = {id(v): k for k, v in enumerate(variables)}
+    flat: list = [None] * len(variables)
+    by_stage = []
+    with place_locally():
+        for s in stages:
+            groups = []
+            for group in (s.trainable, s.versioned_nt):
+                copies = []
+                for v in group:
+                    with tf.device(s.device):
+                        # No "/" in the name: optimizers name their slots after it, and
+                        # Keras refuses "/" there (Adafactor).
+                        c = tf.Variable(initial[index[id(v)]], trainable=False,
+                                        name=f"vw{w}_{v.name.replace(':', '_')}")
+                    _keras_shim.stand_in_for(c, v)
+                    flat[index[id(v)]] = c
+                    copies.append(c)
+                groups.append(copies)
+            by_stage.append(tuple(groups))
+    optimizers = states.for_virtual_worker([t for t, _ in by_stage],
+                                           [s.trainable for s in stages])
+    weights = WeightVersions([
+        StageWeights(s.device, t, n, o, n_m,
+                     counter=model.optimizer.iterations if s.index == 0 else None,
+                     emulated_speed_factor=s.emulated_speed_factor,
+                     predictor=predictor(s.device))
+        for s, (t, n), o in zip(stages, by_stage, optimizers)])
+    return flat, weights

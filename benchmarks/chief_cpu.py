@@ -74,26 +74,13 @@ flags.register_validator(
 
 
 def _thread_cpu() -> dict[str, float]:
-    """CPU seconds so far of this process's threads, by kind: the Python thread's name
-    with its numbers replaced by N, else the kernel's name (TensorFlow's own threads)."""
-    import threading
-    names = {str(t.native_id): t.name for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
-    with open("/proc/self/comm") as f:
-        own = f.read().strip()
+    """CPU seconds so far of this process's threads, by kind: the thread's name with its
+    numbers replaced by N (observe/threads.py)."""
+    from hetpipe_tf.observe.threads import thread_cpu
     out: dict[str, float] = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:   # the thread ended meanwhile
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if tid not in names and comm == own:   # a native thread that kept the process's name
-            comm = "(unnamed native threads)"
-        kind = re.sub(r"\d+", "N", names.get(tid, comm))
-        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    for name, seconds in thread_cpu("(unnamed native threads)").items():
+        kind = re.sub(r"\d+", "N", name)
+        out[kind] = out.get(kind, 0.0) + seconds
     return out
 
 

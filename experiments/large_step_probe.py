@@ -35,6 +35,8 @@ import time  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
+from hetpipe_tf.observe.threads import thread_cpu  # noqa: E402
+
 _STEPS = flags.DEFINE_integer("steps", 60, "Timed minibatches per fit.", lower_bound=10)
 
 
@@ -49,22 +51,8 @@ def _setup():
 
 
 def _thread_cpu() -> collections.Counter:
-    """CPU seconds so far of this process's threads, by name: the Python thread's name
-    where there is one, else the kernel's (TensorFlow's op threads are `tf_Compute`)."""
-    import threading
-    names = {str(t.native_id): t.name for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
-    out = collections.Counter()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:   # the thread ended meanwhile
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[names.get(tid, comm)] += (int(fields[11]) + int(fields[12])) / tick  # utime+stime
-    return out
+    """CPU seconds so far of this process's threads, by name (observe/threads.py)."""
+    return collections.Counter(thread_cpu())
 
 
 def _cpu_and_wall(model, ds) -> tuple[float, float, collections.Counter]:

@@ -34,15 +34,8 @@ VWS = (((0, 1), (0.004, 0.005)), ((2, 3), (0.009, 0.011)))
 
 
 def _model(seed: int = 0):
-    import keras
-    init = lambda s: keras.initializers.GlorotUniform(seed=seed + s)  # noqa: E731
-    inp = keras.Input((8,), name="x")
-    h1 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(1), name="d1")(inp)
-    h2 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(2), name="d2")(h1)
-    h3 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(3), name="d3")(h2)
-    s = keras.layers.Add(name="add")([h1, h3])
-    out = keras.layers.Dense(1, kernel_initializer=init(4), name="out")(s)
-    return keras.Model(inp, out, name="skipnet")
+    from hetpipe_tf.models import skip_net
+    return skip_net(seed)
 
 
 def _plans(n_m: int, stages: int, devices):

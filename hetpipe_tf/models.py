@@ -163,6 +163,19 @@ def build_model(name: str, *, input_size: int | None = None, num_classes: int = 
 
 # --- the programs' workloads (benchmarks/, experiments/) ----------------------------------
 # Layer names are explicit, so a plan made on one instance matches another.
+def skip_net(seed: int = 0, name: str = "skipnet") -> keras.Model:
+    """A small Functional regression model (8 features -> 1) whose skip connection
+    crosses stage boundaries (5 nodes); seeded, so two builds start equal."""
+    init = lambda s: keras.initializers.GlorotUniform(seed=seed + s)  # noqa: E731
+    inp = keras.Input((8,), name="x")
+    h1 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(1), name="d1")(inp)
+    h2 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(2), name="d2")(h1)
+    h3 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(3), name="d3")(h2)
+    s = keras.layers.Add(name="add")([h1, h3])
+    out = keras.layers.Dense(1, kernel_initializer=init(4), name="out")(s)
+    return keras.Model(inp, out, name=name)
+
+
 def dense_stack(depth: int, width: int, name: str = "dense_stack") -> keras.Model:
     """`depth` x Dense(width, relu) on `width` features, then a 10-way softmax."""
     inputs = keras.Input((width,), name="features")

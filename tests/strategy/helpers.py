@@ -7,19 +7,14 @@ import numpy as np
 import keras
 import tensorflow as tf
 
+from hetpipe_tf.models import skip_net
+
 DEVICES = ["/job:localhost/replica:0/task:0/device:CPU:%d" % i for i in range(4)]
 
 
 def skip_model(seed: int = 0, name: str = "skipnet") -> keras.Model:
     """Functional model whose skip connection crosses stage boundaries (5 nodes)."""
-    init = lambda s: keras.initializers.GlorotUniform(seed=seed + s)  # noqa: E731
-    inp = keras.Input((8,), name="x")
-    h1 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(1), name="d1")(inp)
-    h2 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(2), name="d2")(h1)
-    h3 = keras.layers.Dense(16, activation="tanh", kernel_initializer=init(3), name="d3")(h2)
-    s = keras.layers.Add(name="add")([h1, h3])
-    out = keras.layers.Dense(1, kernel_initializer=init(4), name="out")(s)
-    return keras.Model(inp, out, name=name)
+    return skip_net(seed, name)
 
 
 def nested_model(seed: int = 0, name: str = "nested") -> keras.Model:

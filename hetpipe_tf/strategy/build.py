@@ -24,7 +24,7 @@ from hetpipe_tf.cluster.roles import connected_to_cluster
 from hetpipe_tf.partitioner.input_shapes import input_shapes_set, set_input_shapes
 from hetpipe_tf.pipeline.in_graph import InGraphRuntime
 from hetpipe_tf.pipeline.program import Program
-from hetpipe_tf.ps.faults import shapes_first
+from hetpipe_tf.ps.shared_calls import shapes_first
 from hetpipe_tf.strategy import schedules as sync_schedules
 from hetpipe_tf.strategy import training_state, xla
 from hetpipe_tf.strategy.compensation import (log_choice, optimizer_adjustment,
@@ -174,7 +174,7 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
 
     # Shared by every VW's (and HetSeq's) threads: in a cluster job a frozen task's tensor
     # must not hold tf.function's lock, and a remote update must have run before the next
-    # one reads the metrics (ps/faults.py shapes_first); local tensors are ready.
+    # one reads the metrics (ps/shared_calls.py shapes_first); local tensors are ready.
     if connected_to_cluster():
         update_metrics = shapes_first(update_metrics)
     vws = max(len(layout.plans), 1)

@@ -331,7 +331,7 @@ def test_shapes_first_keeps_a_frozen_argument_out_of_tf_functions_lock(first):
     other thread's call of the shared function. `shapes_first` waits before the lock."""
     from tensorflow.python.eager import context, executor   # an op whose output waits
 
-    from hetpipe_tf.ps.faults import shapes_first
+    from hetpipe_tf.ps.shared_calls import shapes_first
 
     release = threading.Event()
 

@@ -1,7 +1,7 @@
 """The model's metrics when several virtual workers update them from remote tasks: a
 cluster job (2 worker + 1 ps `tf.distribute.Server` processes on 127.0.0.1, a chief
 process, 2 one-stage VWs, Adam) reports the training accuracy of the same run in one
-process (hetpipe_tf/ps/faults.py `shapes_first`: each VW's update runs whole under the
+process (hetpipe_tf/ps/shared_calls.py `shapes_first`: each VW's update runs whole under the
 shared metrics lock)."""
 
 import json

@@ -17,7 +17,7 @@ Each runs under three settings that differ only in the strategy line:
   first fit and chooses N_m and the compensation);
 - `none`: the same with `n_m=1, compensation="none"` (docs promise plain Keras's weights).
 Prints one row per program: whether the default switch ran unchanged (fit, evaluate and
-predict, finite losses), max |dw| of `none` against plain Keras, and the training loss per
+predict, finite losses) and the N_m the planner chose, max |dw| of `none` against plain Keras, and the training loss per
 epoch under each setting. A program that fails prints its error in its row. Asserts
 nothing (tests/experiments/test_keras_programs.py asserts the promises on a subset).
 """
@@ -125,7 +125,7 @@ def conv_autoencoder():
     h = layers.Conv2DTranspose(8, 3, strides=2, activation="relu", padding="same")(h)
     model = keras.Model(x_in, layers.Conv2D(1, 3, activation="sigmoid", padding="same")(h))
     model.compile("adam", "binary_crossentropy")
-    x = _rs().rand(ROWS, 28, 28, 1).astype("float32")
+    x = _digits()
     return model, dict(x=x, y=x)
 
 
@@ -222,7 +222,7 @@ def vae():
     # Reconstruction summed over pixels (as the Keras example), KL through add_loss.
     model.compile(keras.optimizers.Adam(), lambda y, p: 784 * keras.losses.binary_crossentropy(
         ops.reshape(y, (-1, 784)), ops.reshape(p, (-1, 784))))
-    x = _rs().rand(ROWS, 28, 28, 1).astype("float32")
+    x = _digits()
     return model, dict(x=x, y=x)
 
 
@@ -238,6 +238,12 @@ _EPOCHS = flags.DEFINE_integer("epochs", 2, "Epochs of every fit.", lower_bound=
 # --- running a program under a setting ----------------------------------------------------
 def _rs():
     return np.random.RandomState(1)
+
+
+def _digits() -> np.ndarray:
+    """MNIST-shaped images in [0, 1], digit-like: mostly dark, a fifth of the pixels lit."""
+    rs = _rs()
+    return ((rs.rand(ROWS, 28, 28, 1) > 0.8) * rs.rand(ROWS, 28, 28, 1)).astype("float32")
 
 
 SETTINGS = ("plain", "default", "none")
@@ -262,6 +268,7 @@ class Result:
     evaluate: float       # evaluate()'s loss on the training data
     predict_finite: bool  # predict() returned finite values
     seconds: float
+    n_m: int | None       # the strategy's N_m (None: plain Keras)
 
 
 def run(name: str, setting: str, epochs: int = 2) -> Result:
@@ -277,13 +284,14 @@ def run(name: str, setting: str, epochs: int = 2) -> Result:
         weights = model.get_weights()
         evaluate = model.evaluate(data["x"], data["y"], batch_size=BATCH, verbose=0)
         predicted = model.predict(data["x"], batch_size=BATCH, verbose=0)
+        n_m = strategy.n_m if strategy is not None else None
     finally:
         if strategy is not None:
             strategy.close()
     flat = [np.asarray(p) for p in keras.tree.flatten(predicted)]
     return Result(weights, [float(v) for v in history.history["loss"]],
                   float(np.ravel(evaluate)[0]), all(np.all(np.isfinite(p)) for p in flat),
-                  time.perf_counter() - start)
+                  time.perf_counter() - start, n_m)
 
 
 def max_dw(a: list, b: list) -> float:
@@ -304,7 +312,8 @@ def _losses(r) -> str:
 def _row(name: str, results: dict) -> str:
     default, none, plain = results["default"], results["none"], results["plain"]
     unchanged = ("no: " + _losses(default) if isinstance(default, BaseException)
-                 else "yes" if runs_unchanged(default) else "no: non-finite values")
+                 else f"yes (N_m={default.n_m})" if runs_unchanged(default)
+                 else "no: non-finite values")
     if isinstance(none, BaseException) or isinstance(plain, BaseException):
         dw = "-"
     else:

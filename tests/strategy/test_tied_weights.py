@@ -129,8 +129,10 @@ def test_gpt2_causal_lm_trains_with_two_virtual_workers():
     with strategy.scope():
         model = _gpt2(lr=1e-2)
     before = model.evaluate(x, y, batch_size=16, verbose=0)[0]
-    model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=8, epochs=5, shuffle=False, verbose=0)
     after = model.evaluate(x, y, batch_size=16, verbose=0)[0]
     assert [bool(s.borrowed) for s in strategy.pipeline(model, 1).stages] == [False, True]
-    assert after < before - 0.5, (before, after)   # plain Keras: 4.16 -> 2.30
+    # Which VW's push lands first varies run to run: 4.16 -> 2.39-2.74 in 3 runs (at 3
+    # epochs 3.14-3.72, too close to a bound), so the bound leaves room for that spread.
+    assert after < before - 1.0, (before, after)
     strategy.close()

@@ -241,10 +241,10 @@ def target_stopper(target: float, time_key: str):
 
 def fit(task: Task, optimizer: tuple[str, dict], weights0: list, batch: int, epochs: int,
         target: float, strategy: Any = None, seed: int = 0, stop: bool = True
-        ) -> list[tuple[float, float]]:
-    """(virtual seconds or epoch number, validation accuracy) per epoch of one training from
-    `weights0`: under `strategy` (its `virtual_time_s`) or plain Keras (the epoch number);
-    stopped at `target` when `stop`."""
+        ) -> tuple[list[tuple[float, float]], str]:
+    """((virtual seconds or epoch number, validation accuracy) per epoch, the compensation
+    the strategy ran with or "") of one training from `weights0`: under `strategy` (its
+    `virtual_time_s`) or plain Keras (the epoch number); stopped at `target` when `stop`."""
     import tensorflow as tf
 
     from experiments import _study
@@ -255,7 +255,8 @@ def fit(task: Task, optimizer: tuple[str, dict], weights0: list, batch: int, epo
     cb = target_stopper(target if stop else float("inf"), "virtual_time_s")
     with _study.compiled(task.build, optimizer, weights0, strategy) as model:
         model.fit(ds, validation_data=val, epochs=epochs, verbose=0, callbacks=[cb])
-    return cb.history
+        used = strategy.extended.compensation.value if strategy is not None else ""
+    return cb.history, used
 
 
 def scaled(optimizer: tuple[str, dict], factor: float) -> tuple[str, dict]:

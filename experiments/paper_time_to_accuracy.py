@@ -119,13 +119,13 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
     found: dict = {}
     sync_runs: dict[int, list] = {}   # global batch -> accuracies per epoch
     for row in rows:
-        t0 = time.perf_counter()
+        t0, used = time.perf_counter(), ""
         if row.kind.synchronous:
             g = tta.global_batch(row, batch, len(plans["ED"][0]) if "ED" in plans else 4,
                                  len(cluster.devices))
             if g not in sync_runs:
-                hist = tta.fit(task, tta.scaled(opt, g / batch), weights0, g, epochs, target,
-                               seed=_SEED.value, stop=False)
+                hist, _ = tta.fit(task, tta.scaled(opt, g / batch), weights0, g, epochs,
+                                  target, seed=_SEED.value, stop=False)
                 sync_runs[g] = [a for _, a in hist]
             ed = plans["ED"][0] if "ED" in plans else tta.hetpipe_plans(
                 profile, cluster, "ED", _N_M.value)[0]
@@ -142,14 +142,15 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
                 "compensation": row.compensation}
             strategy = HetPipeStrategy(plan=local_plans(vw_plans, devices),
                                        clock_distance=row.d, clock=clock, **kwargs)
-            hist = tta.fit(task, opt, weights0, batch, epochs, target, strategy,
-                           seed=_SEED.value)
+            hist, used = tta.fit(task, opt, weights0, batch, epochs, target, strategy,
+                                 seed=_SEED.value)
             s, e = tta.epochs_to_target(hist, target)
             acc = hist[-1][1]
             g, n_m = f"{batch} per VW", str(vw_plans[0].n_m)
             per_sample = hist[-1][0] / (len(hist) * (len(task.x) // batch) * batch)
         found[row] = e
-        table.append((row.label, n_m, str(g), f"{per_sample * 1e6:.3f}",
+        label = row.label + (f" ({used})" if row.compensation == "default" else "")
+        table.append((label, n_m, str(g), f"{per_sample * 1e6:.3f}",
                       _fmt(None if s is None else s * 1e3, ".2f"), _fmt(e, "d"), f"{acc:.3f}"))
         print(f"  done: {row.label} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return table, found

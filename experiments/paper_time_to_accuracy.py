@@ -152,7 +152,8 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
         label = row.label + (f" ({used})" if row.compensation == "default" else "")
         table.append((label, n_m, str(g), f"{per_sample * 1e6:.3f}",
                       _fmt(None if s is None else s * 1e3, ".2f"), _fmt(e, "d"), f"{acc:.3f}"))
-        print(f"  done: {row.label} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(f"  done: {' | '.join(table[-1])} ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
     return table, found
 
 

@@ -1,5 +1,10 @@
-r"""Time to accuracy: HetPipe against synchronous data parallelism, with and without
-staleness compensation (issue 20; docs/convergence.md).
+r"""Time to accuracy on THIS machine: HetPipe against synchronous data parallelism, with
+and without staleness compensation (issue 20; docs/convergence.md).
+
+--mode=time measures wall-clock seconds of the runtime on this machine's CPUs with a slow
+device EMULATED by sleeping: the runtime's cost here, not what HetPipe promises on real
+heterogeneous GPUs. Time to accuracy on the paper's cluster, in the cluster model's
+virtual time: experiments/paper_time_to_accuracy.py (docs/time_to_accuracy.md).
 
   python -m experiments.time_to_accuracy --quick        # a few minutes on 2 cores
   python -m experiments.time_to_accuracy                # the whole table
@@ -335,6 +340,9 @@ def main(argv: list[str]) -> int:
     epochs = _EPOCHS.value or (4 if gap else (8 if _QUICK.value else 12))
     cluster = Cluster.local(["LOCAL_CPU"] * len(SPEED_FACTORS), hosts=HOSTS,
                             emulated_speed_factors=list(SPEED_FACTORS))
+    print("Wall-clock seconds on this machine (the runtime's cost here, with an emulated "
+          "slow device; not HetPipe's promise: experiments.paper_time_to_accuracy gives the "
+          "paper's cluster in virtual time).")
     print(f"{len(SPEED_FACTORS)} logical CPU devices of this machine on {HOSTS} emulated "
           f"hosts, speed factors {list(SPEED_FACTORS)} (the last EMULATED at 0.5x: its "
           f"tasks sleep); batch {_BATCH.value}, {epochs} epochs, seed {_SEED.value}, "

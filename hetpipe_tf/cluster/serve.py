@@ -7,8 +7,14 @@ serve TensorFlow's gRPC runtime:
   TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}' \
       python -m hetpipe_tf.cluster.serve
 
+With task names as arguments (`python -m hetpipe_tf.cluster.serve worker:0 ps:0`), one
+process serves each named task of TF_CONFIG's cluster (TF_CONFIG's "task" is then unused):
+one TensorFlow start-up for several tasks.
+
 `start_local_servers` starts such processes on 127.0.0.1 with free ports (tests, and
-trying a cluster layout on one machine) and stops them by their process ids.
+trying a cluster layout on one machine) and stops them by their process ids. By default
+every task has a process of its own; `own_process` names the tasks that need one (those a
+test kills or freezes) and the others share a single process.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import Iterator, Mapping, Sequence
+import threading
+from typing import Collection, Iterator, Mapping, Sequence
 
 from hetpipe_tf.cluster.lifetime import child_preexec
 
@@ -33,6 +40,18 @@ def serve(cluster: Mapping[str, Sequence[str]], job: str, task: int) -> None:
 
     role = Role.PS if job == "ps" else Role.WORKER
     serve_forever(Task(role, job, task, {j: list(a) for j, a in cluster.items()}))
+
+
+def serve_several(cluster: Mapping[str, Sequence[str]], tasks: Sequence[tuple[str, int]]
+                  ) -> None:
+    """Run a server for each (job, task) of `tasks` in this process until it is stopped:
+    each its own `tf.distribute.Server` (its own gRPC port, devices and thread pools)."""
+    import tensorflow  # noqa: F401  (imported once, before the serving threads)
+
+    for job, index in tasks:
+        threading.Thread(target=serve, args=(cluster, job, index), daemon=True,
+                         name=f"serve-{job}:{index}").start()
+    threading.Event().wait()   # until a signal ends the process
 
 
 def free_ports(n: int) -> list[int]:
@@ -55,45 +74,77 @@ class LocalServers:
     """A cluster of server processes on 127.0.0.1: the cluster dict and their pids."""
 
     cluster: dict[str, list[str]]
+    # The serving process of each task, in the order of `jobs` and then task index (e.g.
+    # worker 0, worker 1, ps 0); tasks that share a process repeat its pid.
     pids: tuple[int, ...]
+    tasks: tuple[str, ...] = ()   # the served tasks ("worker:0", ...), in the order of pids
+
+    def pid_of(self, task: str) -> int:
+        """The pid of the process serving `task` ("worker:1")."""
+        return self.pids[self.tasks.index(task)]
 
 
 @contextlib.contextmanager
-def start_local_servers(jobs: Mapping[str, int], client_job: str = "chief"
+def start_local_servers(jobs: Mapping[str, int], client_job: str = "chief", *,
+                        own_process: Collection[str] | None = None
                         ) -> Iterator[LocalServers]:
-    """Start a server process per task of `jobs` (e.g. {"worker": 2, "ps": 1}) on
+    """Start server processes for the tasks of `jobs` (e.g. {"worker": 2, "ps": 1}) on
     127.0.0.1. The cluster also names one `client_job` task (the calling process connects
-    as it). Every process is stopped on exit, also on error."""
+    as it). `own_process`: None gives every task a process of its own; a collection of task
+    names ("worker:1") gives those a process each and serves all other tasks in one shared
+    process. Every process is stopped on exit, also on error."""
     counts = {client_job: 1, **dict(jobs)}
     ports = iter(free_ports(sum(counts.values())))
     cluster = {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in counts.items()}
-    procs: list[subprocess.Popen] = []
+    names = [f"{job}:{i}" for job, n in jobs.items() for i in range(n)]
+    alone = set(names if own_process is None else own_process)
+    if not alone <= set(names):
+        raise ValueError(f"own_process names tasks that are not in the cluster. Received: "
+                         f"own_process={sorted(alone - set(names))}; tasks are {names}.")
+    shared = [name for name in names if name not in alone]
+    groups = [[name] for name in names if name in alone] + ([shared] if shared else [])
+    procs: dict[str, subprocess.Popen] = {}
     try:
-        for job, n in jobs.items():
-            for i in range(n):
-                env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": json.dumps(
-                    {"cluster": cluster, "task": {"type": job, "index": i}})}
-                # No inherited stdout: a pipe held open by a server would outlive the test.
-                # The kernel kills the server if this process dies without cleaning up.
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "hetpipe_tf.cluster.serve"], env=env,
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, preexec_fn=child_preexec(os.getpid())))
-        yield LocalServers(cluster, tuple(p.pid for p in procs))
+        for group in groups:
+            job, index = group[0].split(":")
+            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": json.dumps(
+                {"cluster": cluster, "task": {"type": job, "index": int(index)}})}
+            argv = group if len(group) > 1 else []
+            # No inherited stdout: a pipe held open by a server would outlive the test.
+            # The kernel kills the server if this process dies without cleaning up.
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hetpipe_tf.cluster.serve", *argv], env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, preexec_fn=child_preexec(os.getpid()))
+            procs.update({name: proc for name in group})
+        yield LocalServers(cluster, tuple(procs[name].pid for name in names), tuple(names))
     finally:
-        for p in procs:
+        distinct = list({id(p): p for p in procs.values()}.values())
+        for p in distinct:
             p.kill()
             p.send_signal(signal.SIGCONT)   # a stopped (SIGSTOP) server is killed too
-        for p in procs:
+        for p in distinct:
             p.wait(timeout=30)
 
 
-def main() -> None:
+def main(argv: Sequence[str] = ()) -> None:
     config = os.environ.get("TF_CONFIG")
     if not config:
         raise SystemExit("hetpipe_tf.cluster.serve needs TF_CONFIG with 'cluster' and 'task'. "
                          "Received: TF_CONFIG unset; set it as for any TF cluster job.")
     spec = json.loads(config)
+    if argv:   # several tasks of the cluster, named "job:index"
+        tasks = []
+        for name in argv:
+            job, _, index = name.partition(":")
+            if job in ("chief", "master") or job not in spec["cluster"] or not index.isdigit() \
+                    or int(index) >= len(spec["cluster"][job]):
+                raise SystemExit(f"Each argument names a worker or ps task of TF_CONFIG's "
+                                 f"cluster as job:index. Received: {name!r}; the cluster is "
+                                 f"{spec['cluster']!r}.")
+            tasks.append((job, int(index)))
+        serve_several(spec["cluster"], tasks)
+        return
     task = spec.get("task", {})
     if task.get("type") in (None, "chief", "master"):
         raise SystemExit("The chief drives training and is not served by this module. "
@@ -102,4 +153,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

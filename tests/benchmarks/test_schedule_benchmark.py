@@ -1,11 +1,12 @@
 """benchmarks/schedule_benchmark.py end to end, tiny settings (a process of its own: its
-memory part reads TensorFlow's process-wide CPU allocator statistics)."""
+memory part reads TensorFlow's process-wide CPU allocator statistics). One M (2): each part
+runs and prints its table; the figures are the binary's."""
 
 from tests.benchmarks.binaries import run_binary
 
 
 def test_schedule_benchmark_tiny():
-    proc = run_binary("benchmarks.schedule_benchmark", "--stages=2", "--micro_batches=1,2",
+    proc = run_binary("benchmarks.schedule_benchmark", "--stages=2", "--micro_batches=2",
                       "--steps=2", "--repeats=1", "--warmup_steps=1", "--depth=2",
                       "--width=16", "--batch_size=8", "--memory_batch_size=8")
     assert proc.returncode == 0, proc.stderr[-2000:]

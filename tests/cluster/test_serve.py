@@ -44,3 +44,29 @@ def test_serve_refuses_what_it_cannot_serve(config, message):
     proc = subprocess.run([sys.executable, "-m", "hetpipe_tf.cluster.serve"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and message in proc.stderr
+
+
+def test_tasks_not_named_own_process_share_one_serving_process():
+    """own_process=() serves every task in one process (one TensorFlow start-up); each
+    task answers TensorFlow's RPCs at its own address."""
+    from hetpipe_tf.cluster.probe import wait_until_reachable
+
+    with serve.start_local_servers({"worker": 2, "ps": 1}, own_process=()) as servers:
+        assert servers.tasks == ("worker:0", "worker:1", "ps:0")
+        assert len(set(servers.pids)) == 1 and servers.pid_of("ps:0") == servers.pids[0]
+        wait_until_reachable({t: servers.cluster[t.split(":")[0]][int(t.split(":")[1])]
+                              for t in servers.tasks}, timeout_s=120)
+        pid = servers.pids[0]
+    with pytest.raises(ProcessLookupError):   # stopped and reaped
+        os.kill(pid, 0)
+    with pytest.raises(ValueError, match=r"Received: own_process=\['worker:5'\]"):
+        with serve.start_local_servers({"worker": 1}, own_process=["worker:5"]):
+            pass
+
+
+def test_serve_refuses_a_task_argument_outside_the_cluster():
+    env = {**os.environ, "TF_CONFIG": json.dumps(
+        {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})}
+    proc = subprocess.run([sys.executable, "-m", "hetpipe_tf.cluster.serve", "worker:3"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Received: 'worker:3'" in proc.stderr

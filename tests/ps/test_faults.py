@@ -110,10 +110,8 @@ def test_unreachable_task_fails_the_strategy_before_training(monkeypatch):
         hp.HetPipeStrategy(allocation="NP", fault_timeout_s=1.0)
 
 
-VICTIMS = {"worker:1": 1, "ps:0": 2}   # index in LocalServers.pids (worker 0, 1, ps 0)
-
-
-# About 25 s each (4 TensorFlow processes on 2 cores): one runs by default.
+# About 20 s each: the victim is a server process of its own, the tasks it leaves running
+# share one process (a TensorFlow start-up less), and the chief is a third.
 @pytest.mark.parametrize("victim, sig", [
     ("worker:1", "SIGKILL"),
     pytest.param("worker:1", "SIGSTOP", marks=pytest.mark.slow),
@@ -121,8 +119,8 @@ VICTIMS = {"worker:1": 1, "ps:0": 2}   # index in LocalServers.pids (worker 0, 1
     pytest.param("ps:0", "SIGSTOP", marks=pytest.mark.slow),
 ])
 def test_lost_task_stops_fit_with_the_named_error(victim, sig):
-    with start_local_servers({"worker": 2, "ps": 1}) as servers:
-        out = _chief(servers.cluster, servers.pids[VICTIMS[victim]], sig)
+    with start_local_servers({"worker": 2, "ps": 1}, own_process=[victim]) as servers:
+        out = _chief(servers.cluster, servers.pid_of(victim), sig)
     job, index = victim.split(":")
     assert out["raised"] == "TaskLostError", out
     assert out["task"] == victim and out["address"] == servers.cluster[job][int(index)]
@@ -173,10 +171,11 @@ def test_guard_ends_a_call_stuck_on_a_frozen_task_and_abandons_the_abort():
 def test_task_lost_at_the_last_epochs_end_raises_from_fit_within_the_bound(sig, at_epoch_end):
     timeout_s, samples = 5.0, 256
     last_batch = samples // BATCH - 1
-    with start_local_servers({"worker": 2, "ps": 1}) as servers:
-        out = _chief(servers.cluster, servers.pids[1], sig, timeout_s=timeout_s, epochs=2,
-                     at_batch=-1 if at_epoch_end else last_batch, at_epoch_end=at_epoch_end,
-                     samples=samples)
+    with start_local_servers({"worker": 2, "ps": 1}, own_process=["worker:1"]) as servers:
+        out = _chief(servers.cluster, servers.pid_of("worker:1"), sig, timeout_s=timeout_s,
+                     epochs=2,
+                     at_batch=-1 if at_epoch_end else last_batch,
+                     at_epoch_end=at_epoch_end, samples=samples)
     assert out["raised"] == "TaskLostError" and out["fit_raised"], out
     assert out["task"] == "worker:1" and out["virtual_workers"] == [1], out
     # Slack for a loaded 2-core machine (19 s seen beside a full -n 2 suite run).

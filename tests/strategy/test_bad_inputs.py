@@ -275,37 +275,47 @@ cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras, numpy as np
 import hetpipe_tf as hp
-stages = int(sys.argv[1])
-strategy = hp.HetPipeStrategy(hp.Cluster.local(["LOCAL_CPU"] * stages), n_m=stages)
-with strategy.scope():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
-x = np.ones((16, 4), "float32")
-try:
-    model.fit(x, x[:, :1], batch_size=8, verbose=0)
-    print("TRAINED")
-except ValueError as e:
-    print("REFUSED", e)
+for stages in map(int, sys.argv[1:]):
+    strategy = hp.HetPipeStrategy(hp.Cluster.local(["LOCAL_CPU"] * stages), n_m=stages)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    x = np.ones((16, 4), "float32")
+    try:
+        model.fit(x, x[:, :1], batch_size=8, verbose=0)
+        print(stages, "TRAINED", flush=True)
+    except ValueError as e:
+        print(stages, "REFUSED", str(e).replace(chr(10), " "), flush=True)
 """
 
 
-@pytest.mark.parametrize("stages", [1, 2])
-def test_a_threaded_pipeline_with_one_inter_op_thread_is_refused_not_hung(stages):
-    """Keras' step holds an inter-op thread while the pipeline works: with a pool of one,
-    a threaded pipeline hung at its first batch; one stage at N_m = 1 runs inside Keras'
-    step and trains. A subprocess (the pool is set before TensorFlow starts), killed by
-    `subprocess.run`'s timeout if it hangs."""
+@pytest.fixture(scope="module")
+def one_inter_op_thread():
+    """{stages: the line printed} of one subprocess (the pool is set before TensorFlow
+    starts) that fits with 1 and then 2 stages, killed by `subprocess.run`'s timeout if
+    it hangs."""
+    import os
     import subprocess
     import sys
 
-    import os
-
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, "-c", _ONE_INTER_OP_THREAD, str(stages)],
+    proc = subprocess.run([sys.executable, "-c", _ONE_INTER_OP_THREAD, "1", "2"],
                           cwd=root, capture_output=True, text=True, timeout=240)
+    lines = {int(line.split(" ", 1)[0]): line.split(" ", 1)[1]
+             for line in proc.stdout.splitlines() if line[:2] in ("1 ", "2 ")}
+    return lines, proc.stderr
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_a_threaded_pipeline_with_one_inter_op_thread_is_refused_not_hung(
+        stages, one_inter_op_thread):
+    """Keras' step holds an inter-op thread while the pipeline works: with a pool of one,
+    a threaded pipeline hung at its first batch; one stage at N_m = 1 runs inside Keras'
+    step and trains."""
+    lines, stderr = one_inter_op_thread
     if stages == 1:
-        assert "TRAINED" in proc.stdout, proc.stderr[-3000:]
+        assert lines.get(1) == "TRAINED", stderr[-3000:]
     else:
         assert re.search(r"REFUSED A pipelined fit needs TensorFlow's inter-op thread pool "
                          r"to have at least 2 threads.*Received: "
-                         r"inter_op_parallelism_threads=1", proc.stdout), proc.stderr[-3000:]
+                         r"inter_op_parallelism_threads=1", lines.get(2, "")), stderr[-3000:]

@@ -3,7 +3,7 @@ r"""The paper's experiments: run HetPipe on the devices at hand, or simulate a c
   python -m benchmarks.hetpipe_benchmark --mode=run --model=small_cnn
   python -m benchmarks.hetpipe_benchmark --mode=simulate --model=vgg19 --cluster=paper \
       --allocation=ED --placement=ed_local --staleness=0
-  python -m experiments.paper      # the paper's tables against the cluster model
+  python -m benchmarks.hetpipe_benchmark --mode=paper   # = python -m experiments.paper
 
 --mode=run trains for real on this machine (--cluster=local: one logical CPU device per
 --devices entry, EMULATED at --speed_factors, split into --hosts hosts): the virtual workers
@@ -35,7 +35,8 @@ from hetpipe_tf.model_names import MODEL_NAMES  # noqa: E402
 from hetpipe_tf.cluster.allocation import AllocationPolicy  # noqa: E402
 
 _MODE = flags.DEFINE_enum("mode", "run", ["run", "simulate", "paper"], "What to do "
-                          "('paper' moved: run python -m experiments.paper).")
+                          "('paper': the paper's tables against the cluster model, as "
+                          "python -m experiments.paper).")
 _MODEL = flags.DEFINE_enum("model", "small_cnn", MODEL_NAMES, "Model.")
 _CLUSTER = flags.DEFINE_string(
     "cluster", "local", "'local' (this machine's CPU split into --devices logical devices, "
@@ -295,8 +296,9 @@ def _simulate() -> None:
 
 
 def _paper() -> None:
-    raise app.UsageError("The paper's tables moved. Received: --mode=paper; run "
-                         "python -m experiments.paper (--cache_dir=DIR caches the profiles).")
+    # The same report as python -m experiments.paper, from the same cluster model.
+    from experiments import paper, paper_goals
+    print(paper_goals.report(cache_dir=paper.DEFAULT_CACHE_DIR))
 
 
 def main(argv: list[str]) -> None:

@@ -56,3 +56,16 @@ def test_simulate_mode_on_the_paper_cluster(tmp_path):
     # task per minibatch, the others a forward and a backward.
     assert len(tasks) == 4 * (3 * 2 + 1) * 4
     assert (tmp_path / "simulate_pipeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_paper_mode_prints_the_experiments_paper_report(monkeypatch):
+    from experiments import paper, paper_goals
+    seen = {}
+
+    def fake_report(cache_dir=None):
+        seen["cache_dir"] = cache_dir
+        return "REPORT"
+    monkeypatch.setattr(paper_goals, "report", fake_report)
+    proc = run_main("benchmarks.hetpipe_benchmark", "--mode=paper")
+    assert proc.returncode == 0 and proc.stdout.strip() == "REPORT"
+    assert seen["cache_dir"] == paper.DEFAULT_CACHE_DIR

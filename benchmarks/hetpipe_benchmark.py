@@ -281,10 +281,18 @@ def _simulate() -> None:
     print(cluster.describe())
     print(f"Simulated (layer times estimated from the device catalog; compute_scale="
           f"{_COMPUTE_SCALE.value:g}).")
+    # The paper's cluster gets the paper setup's Horovod (all-reduce on the CPU, its install
+    # default, HOROVOD_CPU); other clusters Horovod over NCCL (docs/cluster_model.md).
+    from hetpipe_tf.sim.allreduce import HOROVOD_CPU, HorovodConfig
+    hv_config = HOROVOD_CPU if _CLUSTER.value == "paper" else HorovodConfig()
     result = simulate_scenario(
         profile, cluster, _ALLOCATION.value, PlacementPolicy.parse(_PLACEMENT.value),
         n_m=_NM.value or None, clock_distance=_STALENESS.value, num_waves=_WAVES.value,
-        batch_size=_BATCH_SIZE.value, compute_scale=_COMPUTE_SCALE.value)
+        batch_size=_BATCH_SIZE.value, compute_scale=_COMPUTE_SCALE.value,
+        horovod_config=hv_config)
+    print("Horovod: " + ("all-reduce on the CPU at Horovod's measured rate (HOROVOD_CPU, "
+                         "the paper setup)" if hv_config == HOROVOD_CPU else
+                         "NCCL ring, fusion and overlap (HorovodConfig())"))
     print(result.table())
     from hetpipe_tf.sim.hetseq import hetseq
     # HetSeq on the same GPUs: their global batch (GPUs x --batch_size) split by speed.

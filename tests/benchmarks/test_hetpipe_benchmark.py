@@ -50,6 +50,7 @@ def test_simulate_mode_on_the_paper_cluster(tmp_path):
                       "--num_waves=2", "--nm=2", f"--trace_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "TITAN_V" in proc.stdout and "Horovod" in proc.stdout
+    assert "all-reduce on the CPU" in proc.stdout           # the paper setup's Horovod
     trace = json.loads((tmp_path / "simulate_trace.json").read_text())
     tasks = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     # 4 virtual workers x 4 stages; 2 waves of N_m=2 minibatches; the last stage runs one

@@ -164,6 +164,8 @@ def test_setups_shape_the_cluster():
     assert n.memory_of("host1/gpu0") == get_device_type("QUADRO_P4000").memory_bytes
     assert paper.subcluster("V", 1, inter_bandwidth=1e9).inter_bandwidth == 1e9
     text = "\n".join(paper.PAPER_SETUP.describe())
+    assert "0.80 GB/s" in text and "0.888 GB/s" in text and "on the CPU" in text
+    text = "\n".join(paper.NCCL_SETUP.describe())
     assert "0.80 GB/s" in text and "6.56 GB/s" in text and "64 MiB" in text
 
 

@@ -3,7 +3,7 @@ r"""The paper's experiments: run HetPipe on the devices at hand, or simulate a c
   python -m benchmarks.hetpipe_benchmark --mode=run --model=small_cnn
   python -m benchmarks.hetpipe_benchmark --mode=simulate --model=vgg19 --cluster=paper \
       --allocation=ED --placement=ed_local --staleness=0
-  python -m experiments.paper      # the paper's tables against the cluster model
+  python -m benchmarks.hetpipe_benchmark --mode=paper   # = python -m experiments.paper
 
 --mode=run trains for real on this machine (--cluster=local: one logical CPU device per
 --devices entry, EMULATED at --speed_factors, split into --hosts hosts): the virtual workers
@@ -35,7 +35,8 @@ from hetpipe_tf.model_names import MODEL_NAMES  # noqa: E402
 from hetpipe_tf.cluster.allocation import AllocationPolicy  # noqa: E402
 
 _MODE = flags.DEFINE_enum("mode", "run", ["run", "simulate", "paper"], "What to do "
-                          "('paper' moved: run python -m experiments.paper).")
+                          "('paper': the paper's tables against the cluster model, as "
+                          "python -m experiments.paper).")
 _MODEL = flags.DEFINE_enum("model", "small_cnn", MODEL_NAMES, "Model.")
 _CLUSTER = flags.DEFINE_string(
     "cluster", "local", "'local' (this machine's CPU split into --devices logical devices, "
@@ -280,10 +281,18 @@ def _simulate() -> None:
     print(cluster.describe())
     print(f"Simulated (layer times estimated from the device catalog; compute_scale="
           f"{_COMPUTE_SCALE.value:g}).")
+    # The paper's cluster gets the paper setup's Horovod (all-reduce on the CPU, its install
+    # default, HOROVOD_CPU); other clusters Horovod over NCCL (docs/cluster_model.md).
+    from hetpipe_tf.sim.allreduce import HOROVOD_CPU, HorovodConfig
+    hv_config = HOROVOD_CPU if _CLUSTER.value == "paper" else HorovodConfig()
     result = simulate_scenario(
         profile, cluster, _ALLOCATION.value, PlacementPolicy.parse(_PLACEMENT.value),
         n_m=_NM.value or None, clock_distance=_STALENESS.value, num_waves=_WAVES.value,
-        batch_size=_BATCH_SIZE.value, compute_scale=_COMPUTE_SCALE.value)
+        batch_size=_BATCH_SIZE.value, compute_scale=_COMPUTE_SCALE.value,
+        horovod_config=hv_config)
+    print("Horovod: " + ("all-reduce on the CPU at Horovod's measured rate (HOROVOD_CPU, "
+                         "the paper setup)" if hv_config == HOROVOD_CPU else
+                         "NCCL ring, fusion and overlap (HorovodConfig())"))
     print(result.table())
     from hetpipe_tf.sim.hetseq import hetseq
     # HetSeq on the same GPUs: their global batch (GPUs x --batch_size) split by speed.
@@ -295,8 +304,9 @@ def _simulate() -> None:
 
 
 def _paper() -> None:
-    raise app.UsageError("The paper's tables moved. Received: --mode=paper; run "
-                         "python -m experiments.paper (--cache_dir=DIR caches the profiles).")
+    # The same report as python -m experiments.paper, from the same cluster model.
+    from experiments import paper, paper_goals
+    print(paper_goals.report(cache_dir=paper.DEFAULT_CACHE_DIR))
 
 
 def main(argv: list[str]) -> None:

@@ -31,9 +31,9 @@ from hetpipe_tf.partitioner.profile import ModelProfile
 from hetpipe_tf.ps.placement import PlacementPolicy
 from experiments.paper_setup import (  # noqa: F401  (re-exported: paper.calibrate, ...)
     calibrate, calibration_factor, estimated_profile, kept_activation_bytes, scale_times,
-    BATCH_SIZE, CUDA_CONTEXT_BYTES, GIB, IB_FDR_ACHIEVED_BANDWIDTH, MIB, NOMINAL_SETUP, PAPER_SETUP,
-    PAPER_TYPES, TF_GRPC_BANDWIDTH, WHAT_IF_SETUP, PaperSetup, backward_kept_bytes,
-    tf112_gpu_memory_limit, with_kept_activations)
+    BATCH_SIZE, CUDA_CONTEXT_BYTES, GIB, IB_FDR_ACHIEVED_BANDWIDTH, MIB, NCCL_SETUP,
+    NOMINAL_SETUP, PAPER_SETUP, PAPER_TYPES, TF_GRPC_BANDWIDTH, WHAT_IF_SETUP, PaperSetup,
+    backward_kept_bytes, tf112_gpu_memory_limit, with_kept_activations)
 from hetpipe_tf.sim.calibration import in_measured_order
 from hetpipe_tf.sim.scenario import ScenarioResult, simulate_scenario, single_device_samples_per_s
 

@@ -71,8 +71,8 @@ def headline_cells(cache_dir: str | None = None, num_waves: int = 10,
 def table4_text(cells: Sequence[Cell]) -> str:
     lines = [f"{'model':10} {'method':8} {'GPUs':9} {'paper':>6} {'model':>6} {'ratio':>6}"]
     for x in cells:
-        flag = "" if abs(x.ratio - 1) <= 0.10 else " (10%)" if abs(x.ratio - 1) <= 0.25 \
-            else " OUTSIDE 25%"
+        flag = "" if abs(x.ratio - 1) <= 0.10 else " outside 10%" if abs(x.ratio - 1) <= \
+            0.25 else " OUTSIDE 25%"
         lines.append(f"{paper.MODEL_TITLES[x.model]:10} {x.method:8} "
                      f"{len(x.column) * 4:2} [{x.column:4}] {x.paper:6.0f} {x.ours:6.0f} "
                      f"{x.ratio:6.2f}{flag}")
@@ -180,10 +180,15 @@ def scaling_rows(cache_dir: str | None = None, model: str = "vgg19",
     return out
 
 
+# ResNet-152 stops at 8 hosts: planning a 16-stage ResNet-152 pipeline takes over 10
+# minutes on a shared 2-core machine (VGG-19's 25 layers plan in seconds).
+SCALING_HOSTS_BY_MODEL = {"vgg19": SCALING_HOSTS, "resnet152": (1, 2, 4, 8)}
+
+
 def scaling_text(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP) -> str:
     lines = []
     for m in ("vgg19", "resnet152"):
-        rows = scaling_rows(cache_dir, m, setup=setup)
+        rows = scaling_rows(cache_dir, m, hosts=SCALING_HOSTS_BY_MODEL[m], setup=setup)
         lines.append(f"{paper.MODEL_TITLES[m]}, hosts of 4 TITAN V: {'hosts':>5} "
                      f"{'Horovod':>8} {'ED-local':>8} {'N_m':>4}")
         for h, hv, hp, n_m in rows:
@@ -201,4 +206,78 @@ def report(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP) -> str
         "== Table 4: headline cells (paper vs model) ==", table4_text(cells),
         "== Figure 5 (16 GPUs, D=0, best N_m <= 5) ==", figure5_text(cache_dir, setup=setup),
         "== Clock distance (Section 8.4) ==", clock_distance_text(cache_dir, setup=setup),
-        "== Homogeneous scaling ==", scaling_text(cache_dir, setup=setup)])
+        "== Homogeneous scaling ==", scaling_text(cache_dir, setup=setup),
+        "== Why cells are off (docs/cluster_model.md) ==", causes_text(cache_dir, setup)])
+
+
+# ------------------------------------------------------------------ why cells are off
+
+
+def horovod_implied_rows(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP
+                         ) -> list[tuple[str, str, int, float, float, float, float]]:
+    """Per Table 4 Horovod cell: (model, column, GPUs, model step s, paper step s, slowest
+    GPU's compute s, ring-link GB/s the paper's step implies with no overlap). The last is
+    2 (n-1)/n x gradient bytes / (paper step - compute): what a ring link must have carried
+    if the paper's step were compute then all-reduce."""
+    from hetpipe_tf.sim.allreduce import horovod
+    rows = []
+    for m in ("vgg19", "resnet152"):
+        _, hv_profile, _ = paper._profiles(m, cache_dir, setup)
+        grads = sum(int(l.trainable_param_bytes) for l in hv_profile.layers)
+        for c, letters in enumerate(paper.TABLE4_COLUMNS):
+            theirs = paper.TABLE4[m]["Horovod"][c]
+            if theirs is None:
+                continue
+            cluster = paper.subcluster(letters, setup=setup)
+            h = horovod(hv_profile, cluster.devices, cluster, config=setup.horovod)
+            n = len(h.devices)
+            step_paper = n * hv_profile.batch_size / theirs
+            compute = max(h.compute_s)
+            comm = step_paper - compute
+            rate = 2 * (n - 1) / n * grads / comm / 1e9 if comm > 0 else float("nan")
+            rows.append((m, letters, n, h.step_s, step_paper, compute, rate))
+    return rows
+
+
+def single_host_rows(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP
+                     ) -> list[tuple[str, str, float, float, float]]:
+    """Table 4's 4 [V] HetPipe cell (1 VW, N_m 5) per model under the cluster model and
+    under one hypothesis: (model, variant, samples/s, slowest stage's compute + receive
+    s, the paper's time per minibatch s). Variant "PS over one TF gRPC stream": the PS is
+    a TF task of its own, so a push or pull on its host goes through gRPC at
+    `TF_GRPC_STREAM_BANDWIDTH` instead of PCIe."""
+    from hetpipe_tf.sim.network import TF_GRPC_STREAM_BANDWIDTH, NetworkConfig
+    base = setup.network or NetworkConfig()
+    variants = (("cluster model", base),
+                ("PS over one TF gRPC stream",
+                 dataclasses.replace(base, pcie_bandwidth=TF_GRPC_STREAM_BANDWIDTH)))
+    rows = []
+    for m in ("vgg19", "resnet152"):
+        profile, hv_profile, _ = paper._profiles(m, cache_dir, setup)
+        theirs = paper.TABLE4[m]["HetPipe"][0]
+        for name, net in variants:
+            r = simulate_scenario(profile, paper.subcluster("V", setup=setup), "ED",
+                                  "ed_local", n_m=paper.TABLE4[m]["concurrent"][0],
+                                  num_virtual_workers=1, num_waves=10,
+                                  horovod_config=setup.horovod, horovod_profile=hv_profile,
+                                  network=net)
+            slowest = max(s.compute_s + s.recv_forward_s + s.recv_backward_s
+                          for s in r.plans[0].stages)
+            rows.append((m, name, r.samples_per_s, slowest,
+                         profile.batch_size / theirs))
+    return rows
+
+
+def causes_text(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP) -> str:
+    """The figures behind docs/cluster_model.md's "Why cells are off"."""
+    lines = [f"Horovod: {'model':8} {'GPUs':>4} {'model step s':>12} {'paper step s':>12} "
+             f"{'compute s':>9} {'implied ring link GB/s (no overlap)':>36}"]
+    for m, col, n, ours, theirs, compute, rate in horovod_implied_rows(cache_dir, setup):
+        lines.append(f"{'':9}{paper.MODEL_TITLES[m]:10} [{col:4}] {n:2} {ours:12.3f} "
+                     f"{theirs:12.3f} {compute:9.3f} {rate:36.2f}")
+    lines.append(f"HetPipe 4 [V], 1 VW: {'model':10} {'variant':28} {'samples/s':>9} "
+                 f"{'slowest stage s':>15} {'paper s/minibatch':>17}")
+    for m, name, sps, slowest, theirs in single_host_rows(cache_dir, setup):
+        lines.append(f"{'':21}{paper.MODEL_TITLES[m]:10} {name:28} {sps:9.0f} "
+                     f"{slowest:15.4f} {theirs:17.4f}")
+    return "\n".join(lines)

@@ -21,7 +21,8 @@ Two step models:
 
 The ring visits the GPUs host by host, so with more than one host its slowest link is the
 network, else the host's PCIe x `intra_scale`; `HorovodConfig` can name other link
-bandwidths (e.g. what NCCL reaches over InfiniBand). Bytes per step: each of the n ring
+bandwidths (e.g. what NCCL reaches over InfiniBand, or `HOROVOD_CPU`: the rate of Horovod's
+all-reduce on the CPU that Horovod's own benchmark measured). Bytes per step: each of the n ring
 links carries 2 (n-1)/n x gradient_bytes; the ring crosses hosts h times.
 Memory: the partitioner's cost model for one stage holding the whole model with N_m = 1,
 plus Horovod's fusion buffer when there is more than one GPU.
@@ -42,6 +43,34 @@ MIB = 2**20
 # (release notes of v0.21.0, PR #2468). Source: horovod docs/tensor-fusion.rst.
 HOROVOD_FUSION_THRESHOLD_BYTES = 64 * MIB
 HOROVOD_CYCLE_TIME_S = 5e-3
+
+# Horovod's all-reduce on the CPU (MPI on host memory; `pip install horovod` without
+# HOROVOD_GPU_ALLREDUCE=NCCL, and tf_cnn_benchmarks' --horovod_device default), as Horovod's
+# own benchmark measured it (horovod/horovod README table, PR #44, 2017-10-17): VGG-16,
+# batch 64, 16 Pascal GPUs on 4 servers, 25 Gb/s RoCE; one GPU 130.9 images/s, "RDMA
+# Horovod (allreduce on CPU)" 618.0 images/s ("TCP Horovod (allreduce on CPU)" 616.8: the
+# CPU side bounds it, not the network). VGG-16 has 138,357,544 float32 parameters.
+HOROVOD_README_VGG16 = {"gpus": 16, "batch_size": 64, "single_gpu_samples_per_s": 130.9,
+                        "cpu_allreduce_samples_per_s": 618.0,
+                        "gradient_bytes": 138_357_544 * 4}
+
+
+def cpu_ring_bandwidth(gpus: int = HOROVOD_README_VGG16["gpus"],
+                       batch_size: int = HOROVOD_README_VGG16["batch_size"],
+                       single_gpu_samples_per_s: float =
+                       HOROVOD_README_VGG16["single_gpu_samples_per_s"],
+                       samples_per_s: float = HOROVOD_README_VGG16["cpu_allreduce_samples_per_s"],
+                       gradient_bytes: int = HOROVOD_README_VGG16["gradient_bytes"]) -> float:
+    """Bytes/s of one ring link that a measured data-parallel run implies when its step is
+    compute, then the all-reduce (the `overlap=False` step model):
+        2 (n-1)/n x gradient_bytes / (n x batch / samples_per_s - batch / single_gpu).
+    With the defaults (Horovod's CPU all-reduce benchmark) 0.888 GB/s."""
+    spare = gpus * batch_size / samples_per_s - batch_size / single_gpu_samples_per_s
+    if gpus < 2 or spare <= 0:
+        raise ValueError(f"The run must take longer than its compute on >= 2 GPUs. Received: "
+                         f"gpus={gpus}, step {gpus * batch_size / samples_per_s:.3f} s, "
+                         f"compute {batch_size / single_gpu_samples_per_s:.3f} s.")
+    return 2 * (gpus - 1) / gpus * gradient_bytes / spare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +103,12 @@ class HorovodConfig:
             v = getattr(self, f)
             if v is not None and not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{f} must be None or > 0 (bytes/s). Received: {f}={v!r}.")
+
+
+# Horovod with its all-reduce on the CPU: compute, then the all-reduce at the measured CPU
+# rate on every ring link, inside a host or across (`cpu_ring_bandwidth`).
+HOROVOD_CPU = HorovodConfig(overlap=False, intra_bandwidth=cpu_ring_bandwidth(),
+                            inter_bandwidth=cpu_ring_bandwidth())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,9 +50,23 @@ def test_simulate_mode_on_the_paper_cluster(tmp_path):
                       "--num_waves=2", "--nm=2", f"--trace_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "TITAN_V" in proc.stdout and "Horovod" in proc.stdout
+    assert "all-reduce on the CPU" in proc.stdout           # the paper setup's Horovod
     trace = json.loads((tmp_path / "simulate_trace.json").read_text())
     tasks = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     # 4 virtual workers x 4 stages; 2 waves of N_m=2 minibatches; the last stage runs one
     # task per minibatch, the others a forward and a backward.
     assert len(tasks) == 4 * (3 * 2 + 1) * 4
     assert (tmp_path / "simulate_pipeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_paper_mode_prints_the_experiments_paper_report(monkeypatch):
+    from experiments import paper, paper_goals
+    seen = {}
+
+    def fake_report(cache_dir=None):
+        seen["cache_dir"] = cache_dir
+        return "REPORT"
+    monkeypatch.setattr(paper_goals, "report", fake_report)
+    proc = run_main("benchmarks.hetpipe_benchmark", "--mode=paper")
+    assert proc.returncode == 0 and proc.stdout.strip() == "REPORT"
+    assert seen["cache_dir"] == paper.DEFAULT_CACHE_DIR

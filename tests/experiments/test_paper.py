@@ -164,6 +164,8 @@ def test_setups_shape_the_cluster():
     assert n.memory_of("host1/gpu0") == get_device_type("QUADRO_P4000").memory_bytes
     assert paper.subcluster("V", 1, inter_bandwidth=1e9).inter_bandwidth == 1e9
     text = "\n".join(paper.PAPER_SETUP.describe())
+    assert "0.80 GB/s" in text and "0.888 GB/s" in text and "on the CPU" in text
+    text = "\n".join(paper.NCCL_SETUP.describe())
     assert "0.80 GB/s" in text and "6.56 GB/s" in text and "64 MiB" in text
 
 
@@ -183,6 +185,23 @@ def test_goals_report_parts_run_on_a_stand_in_profile(monkeypatch):
     assert "waiting(D=4)/waiting(D=0)" in paper_goals.clock_distance_text(num_waves=6)
     rows = paper_goals.scaling_rows(hosts=(1, 2), num_waves=2)
     assert [h for h, *_ in rows] == [1, 2] and all(hv > 0 and hp > 0 for _, hv, hp, _ in rows)
+    text = paper_goals.causes_text()
+    assert "implied ring link" in text and "PS over one TF gRPC stream" in text
+
+
+def test_implied_ring_link_rate_is_the_gradient_bytes_over_the_paper_steps_spare_time(
+        monkeypatch):
+    monkeypatch.setattr(paper, "paper_profile",
+                        lambda m, cache_dir=None, **kw: paper.calibrate(tiny_profile(),
+                                                                        paper.SINGLE_GPU[m]))
+    rows = paper_goals.horovod_implied_rows()
+    assert len(rows) == 7                              # Table 4's Horovod cells
+    grads = sum(l.trainable_param_bytes for l in tiny_profile().layers)
+    for m, col, n, ours, theirs, compute, rate in rows:
+        assert theirs == pytest.approx(n * 32 / paper.TABLE4[m]["Horovod"][
+            paper.TABLE4_COLUMNS.index(col)])
+        if theirs > compute:
+            assert rate == pytest.approx(2 * (n - 1) / n * grads / (theirs - compute) / 1e9)
 
 
 def test_main_prints_the_report(monkeypatch, capsys):

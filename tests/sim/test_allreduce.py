@@ -85,3 +85,27 @@ def test_horovod_uses_the_configured_links_and_leaves_room_for_the_fusion_buffer
     cl2 = Cluster(tuple(Host(f"h{i}", (small[i],), 15.75e9) for i in range(2)), 1e9)
     assert horovod(prof, ["h0/s", "h1/s"], cl2).excluded == ("h0/s", "h1/s")
     assert horovod(prof, ["h0/s"], cl2).devices == ("h0/s",)   # alone: no fusion buffer
+
+
+from hetpipe_tf.sim.allreduce import (HOROVOD_CPU, HOROVOD_README_VGG16,  # noqa: E402
+                                      cpu_ring_bandwidth)
+
+
+def test_cpu_ring_rate_is_what_horovods_cpu_benchmark_implies():
+    b = HOROVOD_README_VGG16
+    step = 16 * 64 / 618.0                       # 16 GPUs x batch 64 at 618.0 images/s
+    compute = 64 / 130.9                         # one GPU alone
+    expected = 2 * 15 / 16 * b["gradient_bytes"] / (step - compute)
+    assert cpu_ring_bandwidth() == pytest.approx(expected)
+    assert cpu_ring_bandwidth() == pytest.approx(0.888e9, rel=1e-3)
+    # A run at its own compute speed implies no finite rate.
+    with pytest.raises(ValueError, match="longer than its compute"):
+        cpu_ring_bandwidth(samples_per_s=16 * 130.9)
+    # Round trip: a step model fed the derived rate gives back the measured throughput.
+    step_model = compute + ring_allreduce_seconds(b["gradient_bytes"], 16, cpu_ring_bandwidth())
+    assert 16 * 64 / step_model == pytest.approx(618.0)
+
+
+def test_horovod_cpu_is_compute_then_one_rate_inside_and_across_hosts():
+    assert not HOROVOD_CPU.overlap
+    assert HOROVOD_CPU.intra_bandwidth == HOROVOD_CPU.inter_bandwidth == cpu_ring_bandwidth()

@@ -36,14 +36,12 @@ import queue
 import threading
 from typing import Any, Callable, Sequence
 
-import tensorflow as tf
-
 from hetpipe_tf._shim import keras_optimizer
 from hetpipe_tf.pipeline.executor import Executor, thread_scope
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY, Window
 from hetpipe_tf.ps.faults import FaultPolicy, TaskLostError
 from hetpipe_tf.ps.lost_workers import DroppableLock, LostWorkers
-from hetpipe_tf.ps.server import ParameterServers
+from hetpipe_tf.ps.server import ParameterServers, VariableCopy
 from hetpipe_tf.ps.wave_sync import WaveSync
 
 _STOP = object()
@@ -79,6 +77,10 @@ class Coordinator(LostWorkers, Executor):
         self.syncs = list(syncs)
         self.servers = servers
         self.model_variables = list(model_variables)
+        # A run's start and end move w_global and the model's variables in one call each.
+        handles = [keras_optimizer.variable_handle(v) for v in self.model_variables]
+        self._to_servers = VariableCopy(handles, servers.variables)
+        self._from_servers = VariableCopy(servers.variables, handles)
         self.assignment = [Window(history) for _ in self.runtimes]
         self.run_starts = Window(history)  # step number of each run's first batch
         self._on_run_start = on_run_start
@@ -165,9 +167,7 @@ class Coordinator(LostWorkers, Executor):
         """Every VW is idle: push what each applied, mirror w_global into the model."""
         for w, s in enumerate(self.syncs):
             self._on_vw(w, s.flush)
-        values, _ = self.servers.pull()
-        for v, x in zip(self.model_variables, values):
-            keras_optimizer.variable_handle(v).assign(x)
+        self.servers.pull_into(self._from_servers)
         self._run_open = False
         if self._on_run_end is not None:
             self._on_run_end()
@@ -242,10 +242,7 @@ class Coordinator(LostWorkers, Executor):
 
     # --- internals -------------------------------------------------------------------
     def _start_run(self) -> None:
-        values = []
-        for v in self.model_variables:
-            values.append(tf.identity(keras_optimizer.variable_handle(v)))
-        self.servers.start_run(values)
+        self.servers.start_run(self._to_servers)
         for w, (rt, s) in enumerate(zip(self.runtimes, self.syncs)):
             self._on_vw(w, s.start_run, rt.submitted + 1)
         self.run_starts.append(self._steps)

@@ -77,6 +77,29 @@ class VariableReader:
             return list(self._read_all())
 
 
+class VariableCopy:
+    """`dst[i] := src[i]` for two fixed lists of variables in one compiled call hosted by
+    this process: each read runs on its source's task and each assignment on its
+    destination's, so every value crosses the wire once (w_global to and from the model's
+    variables at a run's start and end: one request per task, not one per variable)."""
+
+    def __init__(self, src: Sequence[tf.Variable], dst: Sequence[tf.Variable]):
+        if len(src) != len(dst):
+            raise ValueError(f"One destination per source variable is needed. Received: "
+                             f"{len(src)} sources, {len(dst)} destinations.")
+        self.src, self.dst = list(src), list(dst)
+        self._copy = compiled_method(self._copy_impl)
+
+    def _copy_impl(self):
+        for s, d in zip(self.src, self.dst):
+            with tf.device(d.device):
+                d.assign(tf.identity(s))
+
+    def __call__(self) -> None:
+        if self.src:
+            self._copy()
+
+
 def _spread(clocks: Sequence[int], retired: frozenset = frozenset()) -> int:
     live = [c for w, c in enumerate(clocks) if w not in retired]
     return max(live) - min(live)
@@ -202,12 +225,15 @@ class ParameterServers:
                     for p in self.pushes[self._run_first_push:] if not p.final), default=0)
 
     # --- runs ---------------------------------------------------------------------------
-    def start_run(self, values: Sequence | None = None) -> None:
-        """A new run: w_global := values when given; clocks continue, every one lifted to
-        the largest (`wsp.clocks_at_run_start`: the workers behind have nothing left to
-        push, so the run-start w_global holds all their waves)."""
+    def start_run(self, values: Sequence | VariableCopy | None = None) -> None:
+        """A new run: w_global := values when given (tensors, or a `VariableCopy` into
+        `variables`); clocks continue, every one lifted to the largest
+        (`wsp.clocks_at_run_start`: the workers behind have nothing left to push, so the
+        run-start w_global holds all their waves)."""
         with self._cond:
-            if values is not None:   # one call, not one remote op per variable
+            if isinstance(values, VariableCopy):
+                values()
+            elif values is not None:   # one call, not one remote op per variable
                 self._assign_all(list(values))
             self._pushed = list(wsp.clocks_at_run_start(self._pushed))
             self._at_global = None
@@ -286,6 +312,14 @@ class ParameterServers:
         with self._cond:
             self.pull_count += 1
             return self._read(), tuple(self._pushed)
+
+    def pull_into(self, copy: VariableCopy) -> tuple[int, ...]:
+        """`pull()` straight into variables (`copy`: from `variables` to them), in one
+        compiled call that moves each value once; returns the clocks it reflects."""
+        with self._cond:
+            self.pull_count += 1
+            copy()
+            return tuple(self._pushed)
 
     def pull_wave(self, worker: int, wave: int) -> tuple[list, tuple[int, ...]]:
         """The pull after waiting for `wave`: w_global as it stood when every worker had

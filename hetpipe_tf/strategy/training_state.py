@@ -28,6 +28,11 @@ optimizer keeps its slots on the host (the strategy's variable creator places th
 whoever builds it: Keras at fit's symbolic build or `build_canonical`), so the stage devices
 hold one copy of the slots, not two.
 
+Both moves are compiled, whatever the model's size: `seed` is one call, `merge` two (the
+stage optimizers' step counts, read as one small vector, then every mean and assignment);
+on a cluster each is one request per task holding stage slots (docs/cluster_jobs.md, "The
+run's boundaries in a few compiled calls").
+
 A VW dropped under `on_fault="continue"` (its task lost, hetpipe_tf/ps/coordinator.py;
 `drop`) is left out of both: its slots live on the lost task (reading them would fail or
 hang) and hold no update the servers kept.
@@ -35,12 +40,14 @@ hang) and hold no update the servers kept.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import keras
 import tensorflow as tf
 
 from hetpipe_tf import _shim as _keras_shim
+from hetpipe_tf.pipeline.compiled import compiled_method
 
 
 def _slots(optimizer) -> list:
@@ -120,6 +127,7 @@ class OptimizerStates:
         self._unnamed: list = []   # the optimizer's own state, named by a counter
         self._owner: dict[int, Any] = {}   # id(stage slot) -> the stage optimizer holding it
         self._start = 0                    # every stage optimizer's step count at the seed
+        self._numbers = None               # 0, 1, 2, ...: the merge's divisors (_merge_impl)
         self._vw_of: dict[int, int] = {}   # id(stage slot or optimizer) -> its VW
         self.dropped: set[int] = set()     # VWs left out (their task was lost)
         for v in _slots(model.optimizer):
@@ -191,36 +199,91 @@ class OptimizerStates:
     def merge(self) -> None:
         """Several become one: each model optimizer slot := the mean of the stage slots that
         stand for it (one per VW), over the VWs that trained in the run: a VW that took no
-        minibatch (a run of one `train_on_batch`) still holds the seed and would dilute it."""
+        minibatch (a run of one `train_on_batch`) still holds the seed and would dilute it.
+
+        Two compiled calls and one read of a small vector, whatever the model: the live
+        stage optimizers' step counts, then every mean and assignment in one call (keyed by
+        which stage optimizers trained)."""
+        live = self._live_optimizers()
+        if not live or not self.pairs:
+            return
+        counts = self._counts(live).numpy()
+        trained = tuple(i for i, c in zip(live, counts) if int(c) > self._start)
+        if trained:
+            if self._numbers is None or self._numbers.shape[0] <= len(self.pairs):
+                self._numbers = tf.range(len(self.pairs) + 1, dtype=tf.float64)
+            self._merge_all(trained, self._numbers)
+
+    def seed(self) -> None:
+        """One becomes several: every stage slot := the model optimizer's, every stage step
+        count := model.optimizer.iterations // number of VWs. One compiled call (keyed by
+        which VWs are live) and one read of a local scalar."""
+        self._start = int(self._seed_all(self._live_optimizers()).numpy())
+
+    def _live_optimizers(self) -> tuple[int, ...]:
+        """Indices in `optimizers` of the stage optimizers of VWs not dropped."""
+        return tuple(i for i, o in enumerate(self.optimizers) if self._live(o))
+
+    # --- compiled moves (module docstring) ---------------------------------------------
+    # Each is hosted by this process: the partitioner runs every remote read or assignment
+    # on the task holding its variable (one component call per task, concurrent), and each
+    # value crosses the wire once (model slot -> stage slot, stage slot -> model slot).
+    # A dropped VW's variables are outside the key, so no call touches its lost task.
+    @functools.cached_property
+    def _seed_all(self):
+        return compiled_method(self._seed_impl)
+
+    @functools.cached_property
+    def _counts(self):
+        return compiled_method(self._counts_impl)
+
+    @functools.cached_property
+    def _merge_all(self):
+        return compiled_method(self._merge_impl)
+
+    def _seed_impl(self, live: tuple[int, ...]):
+        chosen = {id(self.optimizers[i]) for i in live}
+        for slot, target in self.pairs:
+            if id(self._owner[id(slot)]) in chosen:
+                s = _keras_shim.variable_handle(slot)
+                with tf.device(s.device):
+                    s.assign(tf.identity(_keras_shim.variable_handle(target)))
+        iterations = _keras_shim.variable_handle(self.model.optimizer.iterations)
+        start = iterations.read_value() // self.num_virtual_workers
+        for i in live:
+            it = _keras_shim.variable_handle(self.optimizers[i].iterations)
+            with tf.device(it.device):
+                it.assign(tf.cast(start, it.dtype))
+        return tf.cast(start, tf.int64)
+
+    def _counts_impl(self, live: tuple[int, ...]):
+        return tf.stack([tf.cast(_keras_shim.variable_handle(self.optimizers[i].iterations),
+                                 tf.int64) for i in live])
+
+    def _merge_impl(self, trained: tuple[int, ...], numbers):
+        # Exactly the eager mean `add_n(slots) / n`, two rewrites of the graph optimizer
+        # kept out: the divisor comes in as an argument (`numbers[k]` is k; a constant one
+        # becomes a multiplication by its rounded reciprocal), and every partial sum is an
+        # output of the call (kept as written; a chain of adds that only feeds an
+        # assignment is collapsed into one AddN that adds in another order).
+        chosen = {id(self.optimizers[i]) for i in trained}
         groups: dict[int, tuple] = {}
         for slot, target in self.pairs:
             groups.setdefault(id(target), (target, []))[1].append(slot)
+        partial = []
         for target, every in groups.values():
-            slots = [s for s in every if self._live(s) and self._trained(s)]
+            slots = [s for s in every if id(self._owner[id(s)]) in chosen]
             if not slots:
                 continue
             t = _keras_shim.variable_handle(target)
             with tf.device(t.device):
                 vals = [tf.identity(_keras_shim.variable_handle(s)) for s in slots]
-                # Run boundaries only (not per minibatch): eager ops are fine here.
-                t.assign(tf.add_n(vals) / len(vals) if t.dtype.is_floating else vals[0])
-
-    def seed(self) -> None:
-        """One becomes several: every stage slot := the model optimizer's, every stage step
-        count := model.optimizer.iterations // number of VWs."""
-        for slot, target in self.pairs:
-            if not self._live(slot):
-                continue
-            s = _keras_shim.variable_handle(slot)
-            with tf.device(s.device):
-                s.assign(tf.identity(_keras_shim.variable_handle(target)))
-        start = int(self.model.optimizer.iterations.numpy()) // self.num_virtual_workers
-        for o in self.optimizers:
-            if self._live(o):
-                _keras_shim.variable_handle(o.iterations).assign(start)
-        self._start = start
-
-    def _trained(self, slot) -> bool:
-        """Whether the stage optimizer holding `slot` applied an update since the seed."""
-        owner = self._owner.get(id(slot))
-        return owner is None or int(owner.iterations.numpy()) > self._start
+                if t.dtype.is_floating:
+                    total = vals[0]
+                    for v in vals[1:]:   # left to right, as eager add_n adds
+                        total = total + v
+                        partial.append(total)
+                    t.assign(total / tf.cast(numbers[len(vals)], t.dtype))
+                else:
+                    t.assign(vals[0])
+        return partial

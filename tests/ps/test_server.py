@@ -1,6 +1,6 @@
 """ParameterServers' push of a `Difference` (the delta subtracted inside the push's own
 compiled call) against a NumPy account of w_global, with and without `settle_pushes`, and
-start_run's one-call assignment."""
+start_run's one-call assignment, and the one-call moves between w_global and the model."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hetpipe_tf.ps.server import Difference, ParameterServers
+from hetpipe_tf.ps.server import Difference, ParameterServers, VariableCopy
 
 PS = ["/device:CPU:1", "/device:CPU:2"]   # two variables on two server devices
 VW = "/device:CPU:3"                      # the VW's own device
@@ -65,3 +65,23 @@ def test_start_run_assigns_every_value_and_lifts_the_clocks():
     np.testing.assert_allclose(values[0].numpy(), [5.0] * 2)
     np.testing.assert_allclose(values[1].numpy(), [7.0] * 3)
     assert [v.device[-5:] for v in servers.variables] == ["CPU:1", "CPU:2"]
+
+
+def test_a_run_moves_w_global_to_and_from_the_model_variables_in_one_call_each():
+    servers = ParameterServers([tf.zeros([2]), tf.zeros([3])], PS, num_workers=2)
+    with tf.device(VW):
+        model = [tf.Variable([1.0, 2.0]), tf.Variable([3.0, 4.0, 5.0])]
+    to_servers = VariableCopy(model, servers.variables)
+    from_servers = VariableCopy(servers.variables, model)
+    servers.start_run(to_servers)
+    values, clocks = servers.pull()
+    np.testing.assert_array_equal(values[1].numpy(), [3.0, 4.0, 5.0])
+    servers.push(0, clocks[0], [tf.ones([2]), tf.ones([3])])
+    pulls = servers.pull_count
+    assert servers.pull_into(from_servers) == (clocks[0] + 1, clocks[1])
+    assert servers.pull_count == pulls + 1
+    np.testing.assert_array_equal(model[0].numpy(), [2.0, 3.0])
+    np.testing.assert_array_equal(model[1].numpy(), [4.0, 5.0, 6.0])
+    assert [v.device[-5:] for v in servers.variables] == ["CPU:1", "CPU:2"]
+    with pytest.raises(ValueError, match="One destination per source variable"):
+        VariableCopy(model, servers.variables[:1])

@@ -453,3 +453,25 @@ def test_adam_under_wsp_equals_the_reference_rebuilt_from_records():
             final = [a + b for a, b in zip(final, update(v, p))]
     assert sum(len(a) for a in assignment) == len(batches)
     assert_weights_close(model.get_weights(), final, atol=2e-5)
+
+
+def test_the_merge_is_the_exact_mean_of_three_vws():
+    """Several become one bit for bit as eager `add_n(slots) / n` gives it: the compiled
+    merge divides, it does not multiply by a rounded reciprocal."""
+    from hetpipe_tf.strategy import training_state
+    x, y = regression_data(48, 7)
+    probe = skip_model(0)
+    plans = [even_plan(probe, DEVICES[w:w + 1], n_m=1) for w in range(3)]
+    strategy = HetPipeStrategy(plan=plans, clock_distance=0, compensation="none")
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(OPTIMIZERS["adam"](), "mse")
+    with strategy:
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        coord = strategy.coordinator(model)
+        clones = [rt.versions.stages[0].optimizer for rt in coord.runtimes]
+        merged = [v.numpy() for v in training_state._slots(model.optimizer)]
+        per_vw = [[tf.constant(v.numpy()) for v in training_state._slots(c)] for c in clones]
+        assert len(merged) > 0
+        for k, m in enumerate(merged):
+            np.testing.assert_array_equal(m, (tf.add_n([p[k] for p in per_vw]) / 3).numpy())

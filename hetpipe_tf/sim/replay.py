@@ -127,7 +127,8 @@ class Replay:
             if heap and heap[0][0] < t_next:
                 t, seq, v, c, j, kind = heapq.heappop(heap)
                 self._last = (t, seq)
-                net.advance(max(t, net.now))
+                # A flow within the network's tolerance of its end finishes here too.
+                self._ended(pool, owner, net.advance(max(t, net.now)))
                 r = routes[v][j]
                 state = [t, v, c, j, kind, r, [t] * len(r.shards), len(r.shards)]
                 for i, sh in enumerate(r.shards):
@@ -136,16 +137,22 @@ class Replay:
                 if state[7] == 0:
                     self._finish(pool, state)
                 continue
-            for f in net.advance(t_next):
-                state, i, transfer = owner.pop(f)
-                sh = state[5].shards[i]
-                if transfer and state[4] is _PUSH and sh.apply is not None:
-                    self._start(net, owner, state, i, sh, True, transfer=False)
-                else:
-                    state[6][i] = net.now
-                    state[7] -= 1
-                    if state[7] == 0:
-                        self._finish(pool, state)
+            self._ended(pool, owner, net.advance(t_next))
+
+    def _ended(self, pool: SharedPool, owner: dict, flows: list[int]) -> None:
+        """Flows that ended: a push's transfer goes on to its apply; a request whose last
+        shard ended is done."""
+        net = pool.net
+        for f in flows:
+            state, i, transfer = owner.pop(f)
+            sh = state[5].shards[i]
+            if transfer and state[4] is _PUSH and sh.apply is not None:
+                self._start(net, owner, state, i, sh, True, transfer=False)
+            else:
+                state[6][i] = net.now
+                state[7] -= 1
+                if state[7] == 0:
+                    self._finish(pool, state)
 
     @staticmethod
     def _start(net, owner, state, i, sh, push: bool, *, transfer: bool) -> None:

@@ -81,6 +81,19 @@ def test_push_and_pull_directions_do_not_share_and_apply_takes_time():
     assert (pull0.start, pull0.end) == pytest.approx((1.6, 1.7))
 
 
+def test_a_flow_ending_within_the_tolerance_of_a_request_still_completes():
+    # vw0 pushes 1.4 GB at t = 0.2 (0.2 s at 7 GB/s); vw1's push is requested at 0.4, a few
+    # ulps before vw0's flow ends by the network's clock: the flow ends when the network
+    # moves to the request, and its push must count (else every later wave waits forever).
+    net = NetworkConfig(nic_bandwidth=7e9, stream_bandwidth=None, ps_apply_bandwidth=None)
+    vws = [VirtualWorker(f"vw{k}", (SimStage(f"host{k + 1}/gpu0", f"host{k + 1}", t, t,
+                                             shards=(PSShard("host0", 14 * 10**8),)),), 8)
+           for k, t in enumerate((0.1, 0.2))]
+    r = simulate(vws, SimConfig(n_m=1, num_waves=4, network=net), CLUSTER)
+    assert [len(v.completions) for v in r.vws] == [4, 4]
+    assert r == simulate_fixed_point(vws, SimConfig(n_m=1, num_waves=4, network=net), CLUSTER)
+
+
 @settings(max_examples=40, deadline=None)
 @given(scenarios(times=st.sampled_from([0.5, 1.0, 1.5, 2.0]),
                  nbytes=st.sampled_from([0, 7 * 10**8, 14 * 10**8]), max_vws=3,

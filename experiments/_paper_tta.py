@@ -207,10 +207,14 @@ def sync_step_s(row: Row, profile: Any, cluster: Any, ed_plans: Sequence[Any],
     from hetpipe_tf.sim import SimConfig, from_plan, horovod, simulate, stage_update_times
     from hetpipe_tf.sim.hetseq import hetseq
 
+    from experiments.paper_setup import PAPER_SETUP
+
+    # The paper setup's all-reduce (Horovod on the CPU, docs/cluster_model.md), as
+    # experiments.paper and the estimate use.
     if row.kind is Kind.HOROVOD:
-        return horovod(profile, cluster.devices, cluster).step_s
+        return horovod(profile, cluster.devices, cluster, config=PAPER_SETUP.horovod).step_s
     if row.kind is Kind.HETSEQ:
-        return hetseq(profile, cluster.devices, cluster).step_s
+        return hetseq(profile, cluster.devices, cluster, config=PAPER_SETUP.horovod).step_s
     vws = [from_plan(p, cluster, name=f"vw{v}", cut_bytes=profile.cut_bytes,
                      update_s=stage_update_times(p, profile)) for v, p in enumerate(ed_plans)]
     mode = "gpipe" if row.kind is Kind.GPIPE else "1f1b"

@@ -25,7 +25,8 @@ def _chief(cluster) -> dict:
 
 def test_two_vws_on_server_processes_report_the_one_process_training_accuracy():
     local = _chief(None)
-    with start_local_servers({"worker": 2, "ps": 1}) as servers:
+    with start_local_servers({"worker": 2, "ps": 1},
+                             own_process=()) as servers:  # no victim: one serving process
         remote = _chief(servers.cluster)
     # The task is converged after the first epoch: every later epoch is exactly 1.0.
     assert local["accuracy"][1:] == [1.0] * (EPOCHS - 1), local

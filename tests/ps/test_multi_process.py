@@ -34,7 +34,8 @@ def _sync_sgd(w0, assignment, batches, lr=0.05):
 
 
 def test_virtual_workers_on_server_processes_equal_synchronous_sgd():
-    with start_local_servers({"worker": 2, "ps": 1}) as servers:
+    with start_local_servers({"worker": 2, "ps": 1},
+                             own_process=()) as servers:  # no victim: one serving process
         proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_wsp",
                                json.dumps(servers.cluster)],
                               cwd=ROOT, capture_output=True, text=True, timeout=240)

@@ -4,8 +4,9 @@ epochs to a target. TensorFlow and Keras are imported when called.
 
 Rows (`row_set`):
 - HetPipe (NP, ED, ED-local, HD; each D; each compensation, "default" = none given):
-  trained under `HetPipeStrategy(plan=plans, clock=PlacedClock(...))`, the virtual clock
-  of `hetpipe_tf.sim`: numerics of the runtime in the cluster model's order and time.
+  trained under `HetPipeStrategy(plan=plans, clock=VirtualClock(..., placement=...))`,
+  the virtual clock of `hetpipe_tf.sim`: numerics of the runtime in the cluster model's
+  order and time.
 - Horovod, HetSeq, GPipe, 1F1B: synchronous SGD over their global batch, whose numerics do
   not depend on the cluster's order. Their epochs to target come from ONE plain Keras run
   per global batch; their virtual seconds are those epochs' steps x the cluster model's
@@ -19,7 +20,6 @@ import dataclasses
 import enum
 from typing import Any, Callable, Sequence
 
-from hetpipe_tf.sim import VirtualClock
 
 PAPER_TYPES = ("TITAN_V", "TITAN_RTX", "RTX_2060", "QUADRO_P4000")   # fastest first (8.1)
 POLICIES = ("NP", "ED", "ED-local", "HD")
@@ -154,27 +154,7 @@ def task_profile(task: Task, batch: int) -> Any:
     return in_measured_order(profile_model(task.build(), batch, list(PAPER_TYPES)))
 
 
-# --- HetPipe plans and the virtual clock ---------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class PlacedClock(VirtualClock):
-    """`VirtualClock` with the parameter placement of the plans (`ps.placement`: DEFAULT
-    round-robins layers over one PS per host, ED_LOCAL keeps stage k's layers on stage k's
-    host). shares[v][j]: (PS host, fraction of stage j's bytes) of VW v."""
-
-    shares: tuple = ()
-
-    def virtual_workers(self, plans, param_bytes):
-        from hetpipe_tf.sim import from_plan
-
-        if not self.shares:
-            return super().virtual_workers(plans, param_bytes)
-        super().virtual_workers(plans, [[0] * p.num_stages for p in plans])  # its checks
-        return [from_plan(p, self.cluster, name=f"vw{v}",
-                          ps={j: [(h, int(round(b * f))) for h, f in self.shares[v][j]]
-                              for j, b in enumerate(bytes_)})
-                for v, (p, bytes_) in enumerate(zip(plans, param_bytes))]
-
-
+# --- HetPipe plans and their parameter placement ------------------------------------------
 def hetpipe_plans(profile: Any, cluster: Any, policy: str, n_m: int = 0):
     """(plans on `cluster`'s devices, PS shares per VW per stage) of `policy` (4 VWs).
     n_m = 0: the stages of the longest VW (min(Max_m, k), the throughput default)."""

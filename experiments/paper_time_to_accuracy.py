@@ -105,6 +105,7 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
     """(table rows, epochs to target per Row) of one task."""
     import keras
 
+    from hetpipe_tf.sim import VirtualClock
     from hetpipe_tf.strategy import HetPipeStrategy
     from hetpipe_tf.strategy.virtual_clock import local_plans
 
@@ -137,7 +138,7 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
             n_m, per_sample = "-", step / g
         else:
             vw_plans, shares = plans[row.policy]
-            clock = tta.PlacedClock(cluster, shares=shares)
+            clock = VirtualClock(cluster, placement=shares)
             kwargs = {} if row.compensation == "default" else {
                 "compensation": row.compensation}
             strategy = HetPipeStrategy(plan=local_plans(vw_plans, devices),

@@ -60,12 +60,16 @@ class VirtualClock:
     network: the shared-links model (`NetworkConfig`), or None for one FIFO port per host.
     ps_host: the host of the parameter servers (None: the cluster's first host).
     intra_scale: as `SimConfig.intra_scale`.
+    placement: where each stage's parameters live, when not all on `ps_host`:
+      placement[v][j] = ((PS host, fraction of stage j's bytes), ...) for VW v (e.g.
+      ED-local's stage k on stage k's host, from `ps.placement.traffic`); () = `ps_host`.
     """
 
     cluster: Cluster
     network: NetworkConfig | None = NetworkConfig()
     ps_host: str | None = None
     intra_scale: float = 0.7
+    placement: tuple = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.cluster, Cluster):
@@ -74,6 +78,13 @@ class VirtualClock:
                              "paper_cluster() or Cluster.local([...]).")
         if self.ps_host is not None:
             self.cluster.host(self.ps_host)   # raises for an unknown host
+        for vw in self.placement:
+            for shares in vw:
+                for host, fraction in shares:
+                    self.cluster.host(host)
+                    if not 0 <= fraction <= 1:
+                        raise ValueError(f"A placement's fraction of a stage's bytes lies in "
+                                         f"[0, 1]. Received: {fraction!r} on host {host!r}.")
 
     def virtual_workers(self, plans: Sequence[Plan], param_bytes: Sequence[Sequence[int]]
                         ) -> list[VirtualWorker]:
@@ -86,6 +97,16 @@ class VirtualClock:
                     f"Received: plan of VW {v} with compute_s=0 on every stage (a hand-made "
                     "plan); plan over the cluster (HetPipeStrategy(cluster, ...) or "
                     "plan_model) so that the plan carries the cluster model's times.")
+        if self.placement:
+            if [len(vw) for vw in self.placement] != [p.num_stages for p in plans]:
+                raise ValueError(
+                    "The placement needs one entry per stage of every VW. Received: "
+                    f"{[len(vw) for vw in self.placement]} entries for plans of "
+                    f"{[p.num_stages for p in plans]} stages.")
+            return [from_plan(p, self.cluster, name=f"vw{v}",
+                              ps={j: [(h, int(round(b * f))) for h, f in self.placement[v][j]]
+                                  for j, b in enumerate(bytes_)})
+                    for v, (p, bytes_) in enumerate(zip(plans, param_bytes))]
         host = self.ps_host or self.cluster.hosts[0].name
         return [from_plan(p, self.cluster, name=f"vw{v}", param_bytes=list(b), ps_host=host)
                 for v, (p, b) in enumerate(zip(plans, param_bytes))]

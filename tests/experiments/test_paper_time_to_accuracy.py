@@ -7,6 +7,7 @@ import pytest
 
 from experiments import _paper_tta as tta
 from experiments._tta_estimate import estimate_rows, sooner
+from hetpipe_tf.sim import VirtualClock
 from tests.benchmarks.binaries import run_binary, run_main, table_rows
 
 
@@ -75,7 +76,7 @@ def test_placement_ed_local_keeps_each_stage_on_its_host():
     _, default = tta.hetpipe_plans(profile, cluster, "ED", n_m=2)
     hosts = {h for vw in default for st in vw for h, _ in st}
     assert len(hosts) > 1   # DEFAULT: layers round-robin over one PS per host
-    clock = tta.PlacedClock(cluster, shares=shares)
+    clock = VirtualClock(cluster, placement=shares)
     vws = clock.virtual_workers(plans, [[1000] * p.num_stages for p in plans])
     assert [[sh.host for sh in s.shards] for s in vws[0].stages] == [
         [h for h, _ in st] for st in shares[0]]

@@ -58,3 +58,7 @@ def test_virtual_clock_checks_its_arguments():
         VirtualClock("paper")
     with pytest.raises(ValueError, match="Unknown host"):
         VirtualClock(paper_cluster(), ps_host="nowhere")
+    with pytest.raises(ValueError, match="Unknown host"):
+        VirtualClock(paper_cluster(), placement=(((("nowhere", 1.0),),),))
+    with pytest.raises(ValueError, match=r"fraction.*Received: 1.5"):
+        VirtualClock(paper_cluster(), placement=(((("host0", 1.5),),),))

@@ -13,11 +13,17 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _default_sigint() -> None:
+    # A test run started in the background of a shell without job control ignores SIGINT,
+    # and a child would inherit that (Python then installs no KeyboardInterrupt handler).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("vws", [1, 2])
 def test_sigint_in_fit_aborts_cleanly_and_training_resumes(vws):
     child = subprocess.Popen([sys.executable, "-m", "tests.strategy.interrupt_child", str(vws)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True)
+                             text=True, preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 180
         line = ""

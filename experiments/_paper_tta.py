@@ -84,16 +84,6 @@ def global_batch(row: Row, batch: int, num_vws: int, num_gpus: int) -> int:
     raise ValueError(f"HetPipe rows have no synchronous global batch. Received: {row.label}.")
 
 
-def epochs_to_target(history: Sequence[tuple[float, float]], target: float
-                     ) -> tuple[float | None, int | None]:
-    """(seconds, epochs) at the first epoch end whose accuracy reached `target`;
-    history[e] = (seconds at the end of epoch e + 1, validation accuracy)."""
-    for e, (s, acc) in enumerate(history, start=1):
-        if acc >= target:
-            return s, e
-    return None, None
-
-
 def sync_history(accuracies: Sequence[float], steps_per_epoch: int, step_s: float
                  ) -> list[tuple[float, float]]:
     """A synchronous run's (virtual seconds, accuracy) per epoch: epoch e ends after
@@ -184,7 +174,7 @@ def sync_step_s(row: Row, profile: Any, cluster: Any, ed_plans: Sequence[Any],
     """The cluster model's seconds per synchronous step of `row` (module doc). GPipe/1F1B:
     the ED VWs' pipelines (identical) in step, the slowest sets the step; the sim's
     synchronous schedules move no parameters between VWs."""
-    from hetpipe_tf.sim import SimConfig, from_plan, horovod, simulate, stage_update_times
+    from hetpipe_tf.sim import horovod
     from hetpipe_tf.sim.hetseq import hetseq
 
     from experiments.paper_setup import PAPER_SETUP
@@ -195,11 +185,20 @@ def sync_step_s(row: Row, profile: Any, cluster: Any, ed_plans: Sequence[Any],
         return horovod(profile, cluster.devices, cluster, config=PAPER_SETUP.horovod).step_s
     if row.kind is Kind.HETSEQ:
         return hetseq(profile, cluster.devices, cluster, config=PAPER_SETUP.horovod).step_s
+    out = simulate_synchronous(row, profile, cluster, ed_plans, micro_batches, waves)
+    return len(ed_plans) / out.minibatches_per_s
+
+
+def simulate_synchronous(row: Row, profile: Any, cluster: Any, plans: Sequence[Any],
+                         micro_batches: int, waves: int = 8) -> Any:
+    """The cluster model's run of `plans` under row's synchronous schedule (GPipe or 1F1B,
+    M = micro_batches), every VW's pipeline in step."""
+    from hetpipe_tf.sim import SimConfig, from_plan, simulate, stage_update_times
+
     vws = [from_plan(p, cluster, name=f"vw{v}", cut_bytes=profile.cut_bytes,
-                     update_s=stage_update_times(p, profile)) for v, p in enumerate(ed_plans)]
+                     update_s=stage_update_times(p, profile)) for v, p in enumerate(plans)]
     mode = "gpipe" if row.kind is Kind.GPIPE else "1f1b"
-    out = simulate(vws, SimConfig(n_m=micro_batches, num_waves=waves, mode=mode), cluster)
-    return len(vws) / out.minibatches_per_s
+    return simulate(vws, SimConfig(n_m=micro_batches, num_waves=waves, mode=mode), cluster)
 
 
 # --- training ------------------------------------------------------------------------------

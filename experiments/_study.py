@@ -78,6 +78,11 @@ def to_target(history: list[tuple[float, float]], target: float):
     return None, None
 
 
+def cell(value, spec: str) -> str:
+    """A table cell: `value` formatted by `spec`, or "-" when there is none."""
+    return "-" if value is None else format(value, spec)
+
+
 def markdown_table(rows: list[tuple[str, ...]]) -> str:
     """rows[0] is the header; every cell a string. A Markdown table, columns padded."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

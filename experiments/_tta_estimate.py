@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from experiments._paper_tta import IMAGENET_TRAIN_IMAGES, Kind, Row
+from experiments._paper_tta import IMAGENET_TRAIN_IMAGES, Kind, Row, simulate_synchronous
 
 MODELS = ("vgg19", "resnet152")
 
@@ -20,7 +20,7 @@ def samples_per_s(model: str, rows: Sequence[Row], cache_dir: str | None,
     """The cluster model's samples/s of every row for `model` (batch 32 per GPU / VW; HetPipe
     at the largest N_m every VW fits, as Table 4's "max fit" row)."""
     from experiments import paper
-    from hetpipe_tf.sim import SimConfig, from_plan, horovod, simulate, stage_update_times
+    from hetpipe_tf.sim import horovod
     from hetpipe_tf.sim.hetseq import hetseq
     from hetpipe_tf.sim.scenario import simulate_scenario
 
@@ -50,13 +50,8 @@ def samples_per_s(model: str, rows: Sequence[Row], cache_dir: str | None,
             out[row] = hetseq(hv_profile, cluster.devices, cluster,
                               config=setup.horovod).samples_per_s
         elif row.kind in (Kind.GPIPE, Kind.ONE_F_ONE_B):
-            plans = scenario("ED", 0).plans
-            vws = [from_plan(p, cluster, name=f"vw{v}", cut_bytes=profile.cut_bytes,
-                             update_s=stage_update_times(p, profile))
-                   for v, p in enumerate(plans)]
-            mode = "gpipe" if row.kind is Kind.GPIPE else "1f1b"
-            out[row] = simulate(vws, SimConfig(n_m=micro_batches, num_waves=8, mode=mode),
-                                cluster).samples_per_s
+            out[row] = simulate_synchronous(row, profile, cluster, scenario("ED", 0).plans,
+                                            micro_batches).samples_per_s
         else:
             out[row] = scenario(row.policy, row.d).samples_per_s
     return out

@@ -17,8 +17,8 @@ Each runs under three settings that differ only in the strategy line:
   first fit and chooses N_m and the compensation);
 - `none`: the same with `n_m=1, compensation="none"` (docs promise plain Keras's weights).
 Prints one row per program: whether the default switch ran unchanged (fit, evaluate and
-predict, finite losses) and the N_m the planner chose, max |dw| of `none` against plain Keras, and the training loss per
-epoch under each setting. A program that fails prints its error in its row. Asserts
+predict, finite losses) and the N_m the planner chose, max |dw| of `none` against plain
+Keras, and the training loss per epoch under each setting. A program that fails prints its error in its row. Asserts
 nothing (tests/experiments/test_keras_programs.py asserts the promises on a subset).
 """
 

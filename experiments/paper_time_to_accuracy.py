@@ -35,6 +35,7 @@ import time  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from experiments import _paper_tta as tta  # noqa: E402
+from experiments import _study  # noqa: E402
 
 OPTIMIZERS = {"adam": ("Adam", {"learning_rate": 1e-3}),
               "momentum": ("SGD", {"learning_rate": 0.01, "momentum": 0.9})}
@@ -97,10 +98,6 @@ def settings() -> dict:
                 examples=_EXAMPLES.value, estimate=_ESTIMATE.value)
 
 
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
     """(table rows, epochs to target per Row) of one task."""
     import keras
@@ -133,7 +130,7 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
             step = tta.sync_step_s(row, profile, cluster, ed, _MICRO.value)
             steps = len(task.x) // g
             hist = tta.sync_history(sync_runs[g], steps, step)
-            s, e = tta.epochs_to_target(hist, target)
+            s, e = _study.to_target(hist, target)
             acc = hist[e - 1][1] if e else hist[-1][1]   # as if stopped at the target
             n_m, per_sample = "-", step / g
         else:
@@ -145,14 +142,15 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
                                        clock_distance=row.d, clock=clock, **kwargs)
             hist, used = tta.fit(task, opt, weights0, batch, epochs, target, strategy,
                                  seed=_SEED.value)
-            s, e = tta.epochs_to_target(hist, target)
+            s, e = _study.to_target(hist, target)
             acc = hist[-1][1]
             g, n_m = f"{batch} per VW", str(vw_plans[0].n_m)
             per_sample = hist[-1][0] / (len(hist) * (len(task.x) // batch) * batch)
         found[row] = e
         label = row.label + (f" ({used})" if row.compensation == "default" else "")
         table.append((label, n_m, str(g), f"{per_sample * 1e6:.3f}",
-                      _fmt(None if s is None else s * 1e3, ".2f"), _fmt(e, "d"), f"{acc:.3f}"))
+                      _study.cell(None if s is None else s * 1e3, ".2f"),
+                      _study.cell(e, "d"), f"{acc:.3f}"))
         print(f"  done: {' | '.join(table[-1])} ({time.perf_counter() - t0:.0f} s)",
               flush=True)
     return table, found
@@ -166,7 +164,6 @@ def main(argv: list[str]) -> int:
 
     devices = list(configure_logical_devices(4)[:4])
     import hetpipe_tf.sim as sim
-    from experiments import _study
     from hetpipe_tf.cluster import spec
 
     cluster = getattr(sim, "paper_cluster", spec.paper_cluster)()

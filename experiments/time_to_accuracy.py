@@ -296,10 +296,6 @@ def gap_settings(devices, compensations):
     return out
 
 
-def _fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -384,8 +380,8 @@ def main(argv: list[str]) -> int:
                     speed = f"{sync_s / s:.2f}x" if s and sync_s and compared else ""
                     if label.endswith("defaults"):   # what they chose
                         label += f" ({r.get('compensation')})"
-                    rows.append((label, str(r.get("n_m", "-")), _fmt(s, ".1f"),
-                                 _fmt(e, "d"), f"{acc:.3f}", speed,
+                    rows.append((label, str(r.get("n_m", "-")), _study.cell(s, ".1f"),
+                                 _study.cell(e, "d"), f"{acc:.3f}", speed,
                                  str(r.get("d", "-"))))
                 logging.info("%s took %.0f s", label, time.perf_counter() - t0)
                 print(f"  done: {label} ({time.perf_counter() - t0:.0f} s)", flush=True)

@@ -107,8 +107,9 @@ class HorovodConfig:
 
 # Horovod with its all-reduce on the CPU: compute, then the all-reduce at the measured CPU
 # rate on every ring link, inside a host or across (`cpu_ring_bandwidth`).
-HOROVOD_CPU = HorovodConfig(overlap=False, intra_bandwidth=cpu_ring_bandwidth(),
-                            inter_bandwidth=cpu_ring_bandwidth())
+_CPU_RING_BANDWIDTH = cpu_ring_bandwidth()
+HOROVOD_CPU = HorovodConfig(overlap=False, intra_bandwidth=_CPU_RING_BANDWIDTH,
+                            inter_bandwidth=_CPU_RING_BANDWIDTH)
 
 
 @dataclasses.dataclass(frozen=True)

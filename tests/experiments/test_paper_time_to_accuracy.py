@@ -6,6 +6,7 @@ arithmetic between its columns; no accuracy assertion)."""
 import pytest
 
 from experiments import _paper_tta as tta
+from experiments._study import to_target
 from experiments._tta_estimate import estimate_rows, sooner
 from hetpipe_tf.sim import VirtualClock
 from tests.benchmarks.binaries import run_binary, run_main, table_rows
@@ -28,16 +29,16 @@ def test_row_set_has_every_configuration_once_in_order():
 
 def test_epochs_to_target_is_the_first_epoch_at_or_above_it():
     hist = [(1.0, 0.5), (2.0, 0.95), (3.0, 0.99), (4.0, 0.9)]
-    assert tta.epochs_to_target(hist, 0.95) == (2.0, 2)
-    assert tta.epochs_to_target(hist, 0.96) == (3.0, 3)
-    assert tta.epochs_to_target(hist, 0.999) == (None, None)
-    assert tta.epochs_to_target([], 0.1) == (None, None)
+    assert to_target(hist, 0.95) == (2.0, 2)
+    assert to_target(hist, 0.96) == (3.0, 3)
+    assert to_target(hist, 0.999) == (None, None)
+    assert to_target([], 0.1) == (None, None)
 
 
 def test_synchronous_rows_time_is_steps_times_the_step():
     hist = tta.sync_history([0.3, 0.96, 0.97], steps_per_epoch=11, step_s=0.005)
     assert [a for _, a in hist] == [0.3, 0.96, 0.97]
-    assert tta.epochs_to_target(hist, 0.95) == (pytest.approx(2 * 11 * 0.005), 2)
+    assert to_target(hist, 0.95) == (pytest.approx(2 * 11 * 0.005), 2)
     assert tta.global_batch(tta.Row(tta.Kind.HOROVOD), 8, 4, 16) == 128
     assert tta.global_batch(tta.Row(tta.Kind.HETSEQ), 8, 4, 16) == 128
     assert tta.global_batch(tta.Row(tta.Kind.GPIPE, "ED"), 8, 4, 16) == 32

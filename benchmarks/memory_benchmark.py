@@ -187,15 +187,18 @@ class _Sampler:
 
     def _sample_stage(self, j: int, mbs) -> tuple[int, int, int, int, int]:
         sw = self.rt.versions.stages[j]
-        current = _buffers(self._handle(v).read_value() for v in sw.variables)
-        versions = {}
-        for _, t, n in list(sw._versions.values()):
-            versions.update(_buffers((*t, *n)))
-        prediction = {}
-        if sw.predictor is not None:   # d of each pending version, and the latest d
-            for d in list(sw._d_of.values()):
-                prediction.update(_buffers(d))
-            prediction.update(_buffers(sw.predictor.d or ()))
+        # Under the stage's own lock: read piecemeal, an apply between two reads showed a
+        # d already replaced beside its successor (3 copies counted where 2 ever lived).
+        with sw._lock:
+            current = _buffers(self._handle(v).read_value() for v in sw.variables)
+            versions = {}
+            for _, t, n in sw._versions.values():
+                versions.update(_buffers((*t, *n)))
+            prediction = {}
+            if sw.predictor is not None:   # d of each pending version, and the latest d
+                for d in sw._d_of.values():
+                    prediction.update(_buffers(d))
+                prediction.update(_buffers(sw.predictor.d or ()))
         inputs, grads, held = {}, {}, 0
         for mb in mbs:
             saved = mb.saved.get(j)

@@ -52,9 +52,14 @@ class Row:
     policy: str = ""              # HetPipe: NP, ED, ED-local, HD; GPipe/1F1B: ED
     d: int = 0
     compensation: str = ""        # HetPipe: a preset name, or "default" (none given)
+    n_m: int = 0                  # HetPipe: 0 = the binary's --n_m
+    picked: bool = False          # HetPipe: the defaults' pick (`pick`)
 
     @property
     def label(self) -> str:
+        if self.kind is Kind.HETPIPE and self.picked:
+            return (f"HetPipe pick: {self.policy}, N_m={self.n_m}, D={self.d}, "
+                    f"{self.compensation}")
         if self.kind is Kind.HETPIPE:
             return f"HetPipe {self.policy}, D={self.d}, {self.compensation}"
         if self.kind in (Kind.GPIPE, Kind.ONE_F_ONE_B):
@@ -167,6 +172,39 @@ def hetpipe_plans(profile: Any, cluster: Any, policy: str, n_m: int = 0):
             tuple((t.ps_host, t.bytes / max(sum(u.bytes for u in st), 1)) for t in st)
             for st in stages))
     return tuple(plans), tuple(shares)
+
+
+# --- the defaults' pick (hetpipe_tf/strategy/pick.py) ---------------------------------------
+# Epochs to 0.95 at N_m = 1, D = 0 (no staleness but the 4 VWs' own), measured under the
+# virtual clock: cnn, ED-local, both with compensation none and default (docs/
+# time_to_accuracy.md "The defaults"); spirals at 2048 examples, default compensation.
+BASE_EPOCHS = {"cnn": 3.0, "spirals": 4.0}
+
+
+def pick(profile: Any, cluster: Any, policies: Sequence[str], distances: Sequence[int],
+         compensation: Any, base_epochs: float, minibatches_per_epoch: float,
+         num_waves: int = 10) -> Any:
+    """The defaults' pick (`hetpipe_tf.strategy.pick`) over `policies` x N_m in 1..k (k:
+    the policy's stages per VW) x `distances`: each candidate's seconds per minibatch from
+    the virtual clock's cluster model (`VirtualClock(cluster, placement=...)`, the model
+    the HetPipe rows train in), its epochs from the epoch model of `compensation` with
+    `base_epochs`."""
+    from hetpipe_tf.sim import VirtualClock, stage_param_bytes
+    from hetpipe_tf.strategy.pick import epoch_model, pick_for_time_to_accuracy
+    from hetpipe_tf.strategy.planning import simulated_candidates
+
+    layer_bytes = [la.trainable_param_bytes for la in profile.layers]
+    cands = []
+    for policy in policies:
+        k = max(p.num_stages for p in hetpipe_plans(profile, cluster, policy)[0])
+        for n in range(1, k + 1):
+            plans, shares = hetpipe_plans(profile, cluster, policy, n)
+            cands += simulated_candidates(
+                VirtualClock(cluster, placement=shares), plans,
+                [stage_param_bytes(p, layer_bytes) for p in plans], [n], distances,
+                label=policy, num_waves=num_waves)
+    return pick_for_time_to_accuracy(cands, epoch_model(compensation).with_base(base_epochs),
+                                     minibatches_per_epoch)
 
 
 def sync_step_s(row: Row, profile: Any, cluster: Any, ed_plans: Sequence[Any],

@@ -19,6 +19,11 @@ RTX 2060, Quadro P4000), for
     come from ONE plain Keras run per G (learning rate x G / --batch_size, Horovod's rule),
     their virtual seconds are those epochs' steps x the cluster model's seconds per step
     (`sim.horovod`, `sim.hetseq.hetseq`, `simulate` with the GPipe/1F1B schedule).
+With `--pick` (default), the defaults' pick first (hetpipe_tf/strategy/pick.py): every
+candidate of --policies x N_m 1..k x --distances with its cluster-model time per minibatch
+and predicted epochs and virtual time to target (default compensation); the picked one is
+then trained as the row "HetPipe pick: ..." and printed with its predicted and measured
+virtual time to target and the ratio to Horovod's.
 Then, with `--estimate`, the decomposition ESTIMATE: each configuration's epochs on the
 task x the cluster model's time per ImageNet epoch of VGG-19 and ResNet-152
 (experiments/_tta_estimate.py), beside Section 8.4's figures.
@@ -64,9 +69,11 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the initial weights and the dat
 _ESTIMATE = flags.DEFINE_bool("estimate", True, "The VGG-19 / ResNet-152 estimate table.")
 _CACHE = flags.DEFINE_string("cache_dir", "/tmp/hetpipe_profiles", "Where VGG-19 and "
                              "ResNet-152 profiles are cached (JSON).")
+_PICK = flags.DEFINE_bool("pick", True, "The defaults' pick over --policies x N_m x "
+                         "--distances, trained as a row, predicted vs measured.")
 _TINY = flags.DEFINE_bool("tiny", False, "About a minute: the cnn task on 256 examples, 2 "
                           "epochs, Horovod and HetPipe NP at D=0 with compensation none, "
-                          "no estimate (overrides the row flags).")
+                          "the pick over NP at D=0, no estimate (overrides the row flags).")
 
 
 def _check(values, allowed) -> bool:
@@ -89,17 +96,55 @@ def settings() -> dict:
     """The run's rows and sizes from the flags (`--tiny` overrides them)."""
     if _TINY.value:
         return dict(tasks=["cnn"], rows=tta.row_set(["NP"], [0], ["none"], []),
-                    epochs=2, examples=256, estimate=False)
-    rows = tta.row_set(_POLICIES.value, [int(d) for d in _DISTANCES.value],
-                       _COMPENSATIONS.value, _SCHEDULES.value)
+                    epochs=2, examples=256, estimate=False,
+                    pick=(["NP"], [0]) if _PICK.value else None)
+    distances = [int(d) for d in _DISTANCES.value]
+    rows = tta.row_set(_POLICIES.value, distances, _COMPENSATIONS.value, _SCHEDULES.value)
     if not _SYNC.value:
         rows = tuple(r for r in rows if not r.kind.synchronous)
     return dict(tasks=_TASKS.value, rows=rows, epochs=_EPOCHS.value,
-                examples=_EXAMPLES.value, estimate=_ESTIMATE.value)
+                examples=_EXAMPLES.value, estimate=_ESTIMATE.value,
+                pick=(_POLICIES.value or list(tta.POLICIES), distances)
+                if _PICK.value else None)
 
 
-def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
-    """(table rows, epochs to target per Row) of one task."""
+# The compensation HetPipeStrategy uses when none is given (WSP: BOTH; StrategyOptions,
+# docs/convergence.md "The defaults"): the pick's epoch model and its row's.
+DEFAULT_COMPENSATION = "both"
+
+
+def pick_row(task, pick_over, cluster) -> tuple:
+    """(the pick, its Row) of `task` over `pick_over` = (policies, distances); prints the
+    candidates' table."""
+    batch = _BATCH.value
+    profile = tta.task_profile(task, batch)
+    t0 = time.perf_counter()
+    picked = tta.pick(profile, cluster, pick_over[0], pick_over[1], DEFAULT_COMPENSATION,
+                      tta.BASE_EPOCHS[task.name], len(task.x) // batch)
+    best = picked.best.candidate
+    print(f"The defaults' pick ({len(picked.predictions)} candidates, "
+          f"{time.perf_counter() - t0:.0f} s; epochs = {tta.BASE_EPOCHS[task.name]:g} x "
+          "(1 + local (N_m - 1)) x (1 + global D), compensation default):", flush=True)
+    print(_study.markdown_table(picked.rows()), flush=True)
+    return picked, tta.Row(tta.Kind.HETPIPE, best.label, best.clock_distance, "default",
+                           n_m=best.n_m, picked=True)
+
+
+def pick_summary(picked, row, found_s: dict) -> str:
+    """One line: the pick's predicted and measured virtual time to target, and Horovod's."""
+    measured = found_s.get(row)
+    hv = next((s for r, s in found_s.items() if r.kind is tta.Kind.HOROVOD), None)
+    text = (f"Pick {row.label}: predicted {picked.best.seconds * 1e3:.2f} ms "
+            f"({picked.best.epochs:.2f} epochs), measured "
+            + ("not reached" if measured is None else f"{measured * 1e3:.2f} ms"))
+    if measured and hv:
+        text += f"; Horovod {hv * 1e3:.2f} ms: the pick {hv / measured:.2f}x sooner"
+    return text + "."
+
+
+def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict, dict]:
+    """(table rows, epochs to target per Row, virtual seconds to target per Row) of one
+    task."""
     import keras
 
     from hetpipe_tf.sim import VirtualClock
@@ -110,22 +155,24 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
     keras.utils.set_random_seed(_SEED.value)
     weights0 = task.build().get_weights()
     profile = tta.task_profile(task, batch)
-    plans = {p: tta.hetpipe_plans(profile, cluster, p, _N_M.value)
-             for p in {r.policy for r in rows if r.policy}}
+    plans = {(p, n): tta.hetpipe_plans(profile, cluster, p, n or _N_M.value)
+             for p, n in {(r.policy, r.n_m) for r in rows if r.policy}}
+    ed_plans = plans.get(("ED", 0))
     table = [("configuration", "N_m", "samples / step", "virtual us / sample",
               "virtual ms to target", "epochs to target", "final acc")]
     found: dict = {}
+    found_s: dict = {}
     sync_runs: dict[int, list] = {}   # global batch -> accuracies per epoch
     for row in rows:
         t0, used = time.perf_counter(), ""
         if row.kind.synchronous:
-            g = tta.global_batch(row, batch, len(plans["ED"][0]) if "ED" in plans else 4,
+            g = tta.global_batch(row, batch, len(ed_plans[0]) if ed_plans else 4,
                                  len(cluster.devices))
             if g not in sync_runs:
                 hist, _ = tta.fit(task, tta.scaled(opt, g / batch), weights0, g, epochs,
                                   target, seed=_SEED.value, stop=False)
                 sync_runs[g] = [a for _, a in hist]
-            ed = plans["ED"][0] if "ED" in plans else tta.hetpipe_plans(
+            ed = ed_plans[0] if ed_plans else tta.hetpipe_plans(
                 profile, cluster, "ED", _N_M.value)[0]
             step = tta.sync_step_s(row, profile, cluster, ed, _MICRO.value)
             steps = len(task.x) // g
@@ -134,7 +181,7 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
             acc = hist[e - 1][1] if e else hist[-1][1]   # as if stopped at the target
             n_m, per_sample = "-", step / g
         else:
-            vw_plans, shares = plans[row.policy]
+            vw_plans, shares = plans[(row.policy, row.n_m)]
             clock = VirtualClock(cluster, placement=shares)
             kwargs = {} if row.compensation == "default" else {
                 "compensation": row.compensation}
@@ -146,14 +193,14 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict]:
             acc = hist[-1][1]
             g, n_m = f"{batch} per VW", str(vw_plans[0].n_m)
             per_sample = hist[-1][0] / (len(hist) * (len(task.x) // batch) * batch)
-        found[row] = e
+        found[row], found_s[row] = e, s
         label = row.label + (f" ({used})" if row.compensation == "default" else "")
         table.append((label, n_m, str(g), f"{per_sample * 1e6:.3f}",
                       _study.cell(None if s is None else s * 1e3, ".2f"),
                       _study.cell(e, "d"), f"{acc:.3f}"))
         print(f"  done: {' | '.join(table[-1])} ({time.perf_counter() - t0:.0f} s)",
               flush=True)
-    return table, found
+    return table, found, found_s
 
 
 def main(argv: list[str]) -> int:
@@ -182,9 +229,17 @@ def main(argv: list[str]) -> int:
     for name in s["tasks"]:
         task = tta.load_task(name, s["examples"])
         print(f"\n{name}: {task.what}", flush=True)
-        table, found = run_task(task, s["rows"], s["epochs"], devices, cluster)
+        rows = s["rows"]
+        if s["pick"]:
+            picked, row = pick_row(task, s["pick"], cluster)
+            rows = tuple(r for r in rows if r.kind.synchronous) + (row,) + tuple(
+                r for r in rows if not r.kind.synchronous)
+        table, found, found_s = run_task(task, rows, s["epochs"], devices, cluster)
         print(_study.markdown_table(table), flush=True)
-        epochs_by_task[name] = found
+        if s["pick"]:
+            print(pick_summary(picked, row, found_s), flush=True)
+        # The estimate's HetPipe throughputs are at Table 4's N_m, not the pick's.
+        epochs_by_task[name] = {r: e for r, e in found.items() if not r.picked}
     if s["estimate"]:
         from experiments import _tta_estimate
 

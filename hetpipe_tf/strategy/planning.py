@@ -5,10 +5,16 @@ dataset's batch size (device types present on this machine are measured on their
 the others estimated from the catalog) and the MILP partitions it over the cluster's
 devices, in pipeline order, with N_m minibatches in flight (default: min(Max_m, k)), by
 `hetpipe_tf.partitioner.planner.plan_model`. With no `n_m` given, N_m is then chosen for
-time to accuracy (hetpipe_tf/strategy/defaults.py): the largest N_m only when filling the
-pipeline buys more time than its staleness costs in epochs. The memory model counts the
-staleness compensation's buffers (weight prediction's copies of the weights,
-strategy/prediction_memory.py).
+time to accuracy, at the strategy's D:
+- on a described cluster (every device a catalog GPU, `described`): by the cluster
+  model's seconds per minibatch at each N_m (the simulator, `simulated_candidates`) and
+  the epochs-to-target model of strategy/pick.py (docs/time_to_accuracy.md "The
+  defaults");
+- on a cluster with a CPU device (this machine's logical CPUs): by the stage-time rule of
+  strategy/defaults.py (the largest N_m only when filling the pipeline buys more time
+  than its staleness costs in epochs), with no simulation per fit.
+The memory model counts the staleness compensation's buffers (weight prediction's copies
+of the weights, strategy/prediction_memory.py).
 """
 
 from __future__ import annotations
@@ -56,13 +62,14 @@ def plan_layout(options, model, batch_size: int) -> tuple:
     compensation = options.compensation.value
     if options.data_parallel.mode is DataParallel.HETSEQ:   # D > 0 (docs/hetseq.md)
         return one_device_plans(model, batch_size, layout.cluster)
+    d = options.wsp.clock_distance
     if layout.allocation is None:
         return plan_with_partitioner(model, batch_size, layout.cluster, pipeline.n_m,
                                      pipeline.max_m, sync=sync_memory(options.schedule),
-                                     compensation=compensation)
+                                     compensation=compensation, clock_distance=d)
     return plan_virtual_workers(model, batch_size, layout.cluster, layout.allocation,
                                 layout.num_virtual_workers, pipeline.n_m, pipeline.max_m,
-                                compensation=compensation)
+                                compensation=compensation, clock_distance=d)
 
 
 def one_device_plans(model, batch_size: int, cluster_arg) -> tuple:
@@ -94,21 +101,62 @@ def groups_within(devices: Sequence[Any], most: int) -> list[tuple]:
     return out
 
 
-def _n_m_for_time(plans: Sequence, compensation) -> int:
-    """N_m of `plans` (the throughput default) lowered by the time-to-accuracy rule."""
-    from hetpipe_tf.strategy.defaults import epoch_cost, n_m_for_time_to_accuracy
+def described(cl) -> bool:
+    """True when every device of `cl` is a catalog GPU (e.g. `paper_cluster()`, or
+    `Cluster.local(["TITAN_V", ...])` emulating one): a cluster the cluster model
+    describes, on which N_m is picked by simulated time (module docstring)."""
+    from hetpipe_tf.cluster.catalog import DeviceKind
 
-    best = n_m_for_time_to_accuracy([[s.time_s for s in p.stages] for p in plans],
-                                    plans[0].n_m, epoch_cost(compensation))
+    return all(cl.device_type(d).kind is DeviceKind.GPU for d in cl.devices)
+
+
+def simulated_candidates(clock, plans: Sequence, param_bytes: Sequence[Sequence[int]],
+                         n_ms: Sequence[int], distances: Sequence[int], label: str = "",
+                         num_waves: int = 8) -> list:
+    """One `pick.Candidate` per (N_m, D): `plans` on the clock's cluster (a
+    `sim.VirtualClock`, the model the virtual clock trains in), its seconds per minibatch
+    = the simulation's makespan / minibatches of every VW over `num_waves` waves."""
+    from hetpipe_tf.strategy.pick import Candidate
+
+    out = []
+    for n in n_ms:
+        for d in distances:
+            r = clock.simulate(plans, n, d, param_bytes, num_waves)
+            out.append(Candidate(n, d, 1.0 / r.minibatches_per_s, label))
+    return out
+
+
+def _n_m_for_time(plans: Sequence, compensation, cl=None, profile=None,
+                  clock_distance: int = 0) -> int:
+    """N_m of `plans` (the throughput default) lowered by the time-to-accuracy pick: the
+    cluster model's on a described cluster `cl` (with the plans' `profile`), else the
+    stage-time rule."""
+    if cl is not None and profile is not None and described(cl):
+        from hetpipe_tf.sim import VirtualClock, stage_param_bytes
+        from hetpipe_tf.strategy.pick import epoch_model, pick_for_time_to_accuracy
+
+        layer_bytes = [la.trainable_param_bytes for la in profile.layers]
+        param_bytes = [stage_param_bytes(p, layer_bytes) for p in plans]
+        cands = simulated_candidates(VirtualClock(cl), plans, param_bytes,
+                                     range(1, plans[0].n_m + 1), [clock_distance])
+        best = pick_for_time_to_accuracy(cands, epoch_model(compensation)).best.candidate.n_m
+        how = "the cluster model's time per minibatch"
+    else:
+        from hetpipe_tf.strategy.defaults import epoch_cost, n_m_for_time_to_accuracy
+
+        best = n_m_for_time_to_accuracy([[s.time_s for s in p.stages] for p in plans],
+                                        plans[0].n_m, epoch_cost(compensation))
+        how = "the pipeline's predicted pace"
     if best < plans[0].n_m:
-        logger.info("N_m = %d chosen for time to accuracy (the pipeline's predicted pace "
-                    "against the epochs local staleness costs; throughput alone: N_m = %d); "
-                    "pass n_m= to choose.", best, plans[0].n_m)
+        logger.info("N_m = %d chosen for time to accuracy (%s against the epochs staleness "
+                    "costs; throughput alone: N_m = %d); pass n_m= to choose.", best, how,
+                    plans[0].n_m)
     return best
 
 
 def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
-                          max_m: int | None, sync=None, compensation=None) -> tuple:
+                          max_m: int | None, sync=None, compensation=None,
+                          clock_distance: int = 0) -> tuple:
     """Profile and partition `model` with hetpipe_tf.partitioner.planner.plan_model: one
     virtual worker of every device, or, when the model has fewer stages to give than the
     cluster has devices, the fewest VWs that use every device (data parallelism between
@@ -130,7 +178,8 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
             "training as %d virtual workers (data parallel under WSP) of %s devices: %s.",
             model.name, most, len(cl.devices), len(vws),
             "/".join(str(len(v)) for v in vws), [[d.name for d in v] for v in vws])
-        return plan_devices(model, batch_size, cl, vws, n_m, max_m, compensation)
+        return plan_devices(model, batch_size, cl, vws, n_m, max_m, compensation,
+                            clock_distance)
     # `sync`: a synchronous schedule's memory model (partitioner/cost.py SyncMemory).
     result = plan_model(model, cl, batch_size, n_m=n_m, optimizer=model.optimizer, sync=sync,
                         prediction=pm)
@@ -138,7 +187,8 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
         result = plan_model(model, cl, batch_size, n_m=max_m, optimizer=model.optimizer,
                             profile=result.profile, prediction=pm)
     if n_m is None and sync is None:
-        best = _n_m_for_time((result.plan,), compensation)
+        best = _n_m_for_time((result.plan,), compensation, cl, result.profile,
+                             clock_distance)
         if best < result.plan.n_m:
             result = plan_model(model, cl, batch_size, n_m=best, optimizer=model.optimizer,
                                 profile=result.profile, prediction=pm)
@@ -146,7 +196,8 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
 
 
 def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_vws,
-                         n_m: int | None, max_m: int | None, compensation=None) -> tuple:
+                         n_m: int | None, max_m: int | None, compensation=None,
+                         clock_distance: int = 0) -> tuple:
     """Form virtual workers by `allocation` (hetpipe_tf.cluster.allocation) and plan each
     with one N_m, profiling the model once: `n_m` if given, else the single-VW default
     min(Max_m, k) taken over the VWs (k = devices of a VW: k minibatches in flight keep a
@@ -156,11 +207,27 @@ def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_v
     cl = resolve_cluster(cluster)
     return plan_devices(model, batch_size, cl,
                         allocate(cl, allocation, num_virtual_workers=num_vws), n_m, max_m,
-                        compensation)
+                        compensation, clock_distance)
+
+
+def _profile_of_types(model, batch_size: int, vws: Sequence[Sequence]):
+    """A profile with times for every device type of `vws` when the first VW lacks some
+    (VWs of different types, e.g. groups of a heterogeneous cluster); else None, and the
+    first VW's planning profiles its own types."""
+    from hetpipe_tf.partitioner.layer_graph import LayerGraph
+    from hetpipe_tf.partitioner.planner import measurable_devices
+    from hetpipe_tf.partitioner.profiling import profile_model
+
+    types = sorted({d.type_name for vw in vws for d in vw})
+    if set(types) <= {d.type_name for d in vws[0]}:
+        return None
+    return profile_model(LayerGraph.from_model(model), batch_size, types,
+                         measure_on=measurable_devices([d for vw in vws for d in vw]),
+                         optimizer=model.optimizer)
 
 
 def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int | None,
-                 max_m: int | None, compensation=None) -> tuple:
+                 max_m: int | None, compensation=None, clock_distance: int = 0) -> tuple:
     """Plan each virtual worker of `vws` (device tuples) with one N_m, profiling the model
     once (the N_m rule of `plan_virtual_workers`)."""
     from hetpipe_tf.partitioner.milp import plan_virtual_workers as plan_all
@@ -169,7 +236,8 @@ def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int |
 
     pm = prediction_memory(compensation)   # weight prediction's buffers (None: none)
     first = plan_model(model, cl, batch_size, devices=vws[0], n_m=n_m,
-                       optimizer=model.optimizer, prediction=pm)
+                       optimizer=model.optimizer, prediction=pm,
+                       profile=_profile_of_types(model, batch_size, vws))
     plans = plan_all(first.profile, vws, cluster=cl, n_m=n_m,
                      optimizer_slots=first.plan.optimizer_slots, prediction=pm)
     if n_m is None and plans[0].n_m > min(len(vw) for vw in vws):
@@ -179,7 +247,7 @@ def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int |
         plans = plan_all(first.profile, vws, cluster=cl, n_m=max_m,
                          optimizer_slots=first.plan.optimizer_slots, prediction=pm)
     if n_m is None:
-        best = _n_m_for_time(plans, compensation)
+        best = _n_m_for_time(plans, compensation, cl, first.profile, clock_distance)
         if best < plans[0].n_m:
             plans = plan_all(first.profile, vws, cluster=cl, n_m=best,
                              optimizer_slots=first.plan.optimizer_slots, prediction=pm)

@@ -1,0 +1,112 @@
+"""The pick by predicted time to accuracy (strategy/pick.py): against a brute-force
+reference written here, its ties, refusals and epoch models; and the planner using it on a
+described cluster (catalog GPUs) while a CPU cluster keeps the stage-time rule."""
+
+import itertools
+
+import pytest
+
+from hetpipe_tf.strategy.pick import (Candidate, EPOCH_MODELS, EpochModel, epoch_model,
+                                      pick_for_time_to_accuracy)
+
+
+def _reference(cands, local, global_, base, per_epoch):
+    """Every candidate's seconds = base x (1 + local (n-1)) x (1 + global D) x per_epoch x
+    its seconds per minibatch; the least, then the smaller N_m, D, position."""
+    scored = []
+    for i, c in enumerate(cands):
+        epochs = base * (1 + local * (c.n_m - 1)) * (1 + global_ * c.clock_distance)
+        scored.append((epochs * per_epoch * c.seconds_per_minibatch, c.n_m,
+                       c.clock_distance, i))
+    return cands[min(scored)[3]]
+
+
+def test_pick_equals_the_reference_on_a_grid():
+    times = {1: 3.0, 2: 1.6, 3: 1.2, 4: 1.0}
+    for local, global_ in itertools.product((0.0, 0.1, 0.25, 1.0), (0.0, 0.01, 0.1)):
+        for d_speedup in (1.0, 0.8, 0.5):
+            cands = [Candidate(n, d, times[n] * (d_speedup if d else 1.0), label)
+                     for label in ("NP", "ED") for n in times for d in (0, 4, 32)]
+            model = EpochModel(local, global_, base_epochs=3.0)
+            got = pick_for_time_to_accuracy(cands, model, 100)
+            assert got.best.candidate == _reference(cands, local, global_, 3.0, 100)
+            assert len(got.predictions) == len(cands)
+            for p in got.predictions:
+                assert p.seconds == pytest.approx(
+                    model.epochs(p.candidate.n_m, p.candidate.clock_distance) * 100
+                    * p.candidate.seconds_per_minibatch)
+
+
+def test_staleness_cost_decides_between_throughput_and_epochs():
+    cands = [Candidate(1, 0, 2.0), Candidate(2, 0, 1.0)]
+    assert pick_for_time_to_accuracy(cands, EpochModel(0.0, 0.0)).best.candidate.n_m == 2
+    assert pick_for_time_to_accuracy(cands, EpochModel(0.5, 0.0)).best.candidate.n_m == 2
+    assert pick_for_time_to_accuracy(cands, EpochModel(1.5, 0.0)).best.candidate.n_m == 1
+    # A tie goes to less staleness: the smaller N_m, then the smaller D.
+    assert pick_for_time_to_accuracy(cands, EpochModel(1.0, 0.0)).best.candidate.n_m == 1
+    tie = [Candidate(1, 4, 1.0, "a"), Candidate(1, 0, 1.0, "b")]
+    assert pick_for_time_to_accuracy(tie, EpochModel(0.0, 0.0)).best.candidate.label == "b"
+    rows = pick_for_time_to_accuracy(tie, EpochModel(0.0, 0.0)).rows()
+    assert rows[0][0] == "candidate" and [r[-1] for r in rows[1:]] == ["", "picked"]
+
+
+def test_bad_values_are_refused():
+    with pytest.raises(ValueError, match="candidates=\\[\\]"):
+        pick_for_time_to_accuracy([], EpochModel(0.0, 0.0))
+    with pytest.raises(ValueError, match="seconds_per_minibatch"):
+        Candidate(1, 0, 0.0)
+    with pytest.raises(ValueError, match="seconds_per_minibatch"):
+        Candidate(1, 0, float("inf"))
+    with pytest.raises(ValueError, match="n_m"):
+        Candidate(0, 0, 1.0)
+    with pytest.raises(ValueError, match="local"):
+        EpochModel(-0.1, 0.0)
+
+
+def test_epoch_models_by_compensation():
+    assert epoch_model(None) == epoch_model("none") == EPOCH_MODELS["none"]
+    assert epoch_model("both") == epoch_model("all") == EPOCH_MODELS["compensated"]
+    assert epoch_model("predict") == EPOCH_MODELS["none"]   # as defaults.epoch_cost
+    # Measured (docs/time_to_accuracy.md "The defaults"): compensation makes local
+    # staleness cheaper.
+    assert EPOCH_MODELS["compensated"].local < EPOCH_MODELS["none"].local
+    assert EpochModel(0.2, 0.01).with_base(3.0).epochs(4, 10) == pytest.approx(
+        3.0 * 1.6 * 1.1)
+
+
+def test_the_planner_picks_by_the_cluster_model_on_a_described_cluster(monkeypatch):
+    """Cluster.local of catalog GPUs is described: the planner simulates each N_m and
+    picks; LOCAL_CPU devices keep the stage-time rule with no simulation."""
+    import keras
+
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.strategy import planning, pick
+    from tests.strategy.helpers import skip_model
+
+    gpus = Cluster.local(["TITAN_V", "RTX_2060"])
+    cpus = Cluster.local(["LOCAL_CPU"] * 2)
+    assert planning.described(gpus) and not planning.described(cpus)
+    seen = []
+    real = planning.simulated_candidates
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(planning, "simulated_candidates", spy)
+    model = skip_model(0)
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    (plan,) = planning.plan_with_partitioner(model, 8, cpus, None, None, compensation="none")
+    assert seen == []
+    for d in (0, 3):
+        (plan,) = planning.plan_with_partitioner(model, 8, gpus, None, None,
+                                                 compensation="both", clock_distance=d)
+        cands = seen[-1]
+        assert [c.n_m for c in cands] == list(range(1, len(cands) + 1))
+        assert {c.clock_distance for c in cands} == {d}
+        best = pick.pick_for_time_to_accuracy(cands, epoch_model("both")).best.candidate
+        assert plan.n_m == best.n_m
+    # A user's n_m is kept, with no simulation.
+    (plan,) = planning.plan_with_partitioner(model, 8, gpus, 1, None, compensation="both")
+    assert plan.n_m == 1 and len(seen) == 2

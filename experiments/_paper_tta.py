@@ -265,10 +265,15 @@ def fit(task: Task, optimizer: tuple[str, dict], weights0: list, batch: int, epo
         ) -> tuple[list[tuple[float, float]], str]:
     """((virtual seconds or epoch number, validation accuracy) per epoch, the compensation
     the strategy ran with or "") of one training from `weights0`: under `strategy` (its
-    `virtual_time_s`) or plain Keras (the epoch number); stopped at `target` when `stop`."""
+    `virtual_time_s`) or plain Keras (the epoch number); stopped at `target` when `stop`.
+    Every training starts from random state `seed` (dropout's masks), so that a row's
+    figures do not depend on the rows trained before it in the same process."""
+    import keras
     import tensorflow as tf
 
     from experiments import _study
+
+    keras.utils.set_random_seed(seed)
 
     ds = (tf.data.Dataset.from_tensor_slices((task.x, task.y)).shuffle(len(task.x), seed=seed)
           .batch(batch, drop_remainder=True))

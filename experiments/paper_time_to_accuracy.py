@@ -134,7 +134,7 @@ def pick_summary(picked, row, found_s: dict) -> str:
     """One line: the pick's predicted and measured virtual time to target, and Horovod's."""
     measured = found_s.get(row)
     hv = next((s for r, s in found_s.items() if r.kind is tta.Kind.HOROVOD), None)
-    text = (f"Pick {row.label}: predicted {picked.best.seconds * 1e3:.2f} ms "
+    text = (f"{row.label}: predicted {picked.best.seconds * 1e3:.2f} ms "
             f"({picked.best.epochs:.2f} epochs), measured "
             + ("not reached" if measured is None else f"{measured * 1e3:.2f} ms"))
     if measured and hv:

@@ -27,6 +27,36 @@ def test_row_set_has_every_configuration_once_in_order():
     assert [r.kind.synchronous for r in rows] == [True] * 4 + [False] * 8
 
 
+def test_the_pick_row_names_its_choice():
+    row = tta.Row(tta.Kind.HETPIPE, "ED-local", 4, "default", n_m=3, picked=True)
+    assert row.label == "HetPipe pick: ED-local, N_m=3, D=4, default"
+    assert not row.kind.synchronous
+
+
+def test_the_pick_simulates_every_candidate_on_the_paper_cluster():
+    """tta.pick: one candidate per policy x N_m 1..k x D, each with the virtual clock's
+    simulated time for that policy's plans and placement; the least predicted time wins."""
+    from hetpipe_tf.cluster.spec import paper_cluster
+    from hetpipe_tf.models import skip_net
+    from hetpipe_tf.sim import VirtualClock, stage_param_bytes
+
+    cluster = paper_cluster()
+    task = tta.Task("skip", None, None, None, None, lambda: skip_net(0), "")
+    profile = tta.task_profile(task, 8)
+    got = tta.pick(profile, cluster, ["ED-local"], [0, 4], "both", 3.0, 100, num_waves=4)
+    k = max(p.num_stages for p in tta.hetpipe_plans(profile, cluster, "ED-local")[0])
+    assert [(c.candidate.n_m, c.candidate.clock_distance) for c in got.predictions] == [
+        (n, d) for n in range(1, k + 1) for d in (0, 4)]
+    assert got.best.seconds == min(p.seconds for p in got.predictions)
+    plans, shares = tta.hetpipe_plans(profile, cluster, "ED-local", 2)
+    layer_bytes = [la.trainable_param_bytes for la in profile.layers]
+    r = VirtualClock(cluster, placement=shares).simulate(
+        plans, 2, 4, [stage_param_bytes(p, layer_bytes) for p in plans], 4)
+    (two,) = [p for p in got.predictions if p.candidate.n_m == 2
+              and p.candidate.clock_distance == 4]
+    assert two.candidate.seconds_per_minibatch == pytest.approx(1 / r.minibatches_per_s)
+
+
 def test_epochs_to_target_is_the_first_epoch_at_or_above_it():
     hist = [(1.0, 0.5), (2.0, 0.95), (3.0, 0.99), (4.0, 0.9)]
     assert to_target(hist, 0.95) == (2.0, 2)
@@ -96,11 +126,23 @@ def test_tiny_run_prints_the_rows_with_consistent_times():
     proc = run_main("experiments.paper_time_to_accuracy", "--tiny", "--target=0.01")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = table_rows(proc.stdout)
-    assert rows[0] == ["configuration", "N_m", "samples / step", "virtual us / sample",
-                       "virtual ms to target", "epochs to target", "final acc"]
+    header = ["configuration", "N_m", "samples / step", "virtual us / sample",
+              "virtual ms to target", "epochs to target", "final acc"]
+    candidates, rows = rows[:rows.index(header)], rows[rows.index(header):]
+    # The defaults' pick first: NP's N_m 1..4 at D = 0, one picked, then trained as a row.
+    assert candidates[0][:3] == ["candidate", "N_m", "D"]
+    assert [(r[0], r[1], r[2]) for r in candidates[1:]] == [("NP", str(n), "0")
+                                                          for n in range(1, 5)]
+    (best,) = [r for r in candidates[1:] if r[-1] == "picked"]
+    assert min(float(r[5]) for r in candidates[1:]) == float(best[5])
+    picked = f"HetPipe pick: NP, N_m={best[1]}, D=0, default (both)"
     assert [r[0] for r in rows[1:]] == ["Horovod 16 GPUs, equal batches",
-                                        "HetSeq 16 GPUs, shares by speed",
+                                        "HetSeq 16 GPUs, shares by speed", picked,
                                         "HetPipe NP, D=0, none"]
+    assert rows[3][1] == best[1]
+    assert f"{picked[:-7]}: predicted {best[5]} ms" in proc.stdout
+    assert "x sooner" in proc.stdout   # measured, against Horovod's
+    rows = rows[:3] + rows[4:]
     for r in rows[1:]:
         assert r[5] == "1" and 0 <= float(r[6]) <= 1 and float(r[3]) > 0, r
     # A synchronous row: epochs x (256 // G) steps x (G x s/sample).

@@ -116,15 +116,19 @@ DEFAULT_COMPENSATION = "both"
 def pick_row(task, pick_over, cluster) -> tuple:
     """(the pick, its Row) of `task` over `pick_over` = (policies, distances); prints the
     candidates' table."""
+    from hetpipe_tf.strategy.pick import epoch_model
+
     batch = _BATCH.value
     profile = tta.task_profile(task, batch)
     t0 = time.perf_counter()
     picked = tta.pick(profile, cluster, pick_over[0], pick_over[1], DEFAULT_COMPENSATION,
                       tta.BASE_EPOCHS[task.name], len(task.x) // batch)
     best = picked.best.candidate
+    m = epoch_model(DEFAULT_COMPENSATION)
     print(f"The defaults' pick ({len(picked.predictions)} candidates, "
-          f"{time.perf_counter() - t0:.0f} s; epochs = {tta.BASE_EPOCHS[task.name]:g} x "
-          "(1 + local (N_m - 1)) x (1 + global D), compensation default):", flush=True)
+          f"{time.perf_counter() - t0:.0f} s; compensation default, epochs = "
+          f"{tta.BASE_EPOCHS[task.name]:g} x (1 + {m.local:g} (N_m - 1)) x "
+          f"(1 + {m.global_:g} log2(1 + D))):", flush=True)
     print(_study.markdown_table(picked.rows()), flush=True)
     return picked, tta.Row(tta.Kind.HETPIPE, best.label, best.clock_distance, "default",
                            n_m=best.n_m, picked=True)

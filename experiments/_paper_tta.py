@@ -189,11 +189,10 @@ def pick(profile: Any, cluster: Any, policies: Sequence[str], distances: Sequenc
     the virtual clock's cluster model (`VirtualClock(cluster, placement=...)`, the model
     the HetPipe rows train in), its epochs from the epoch model of `compensation` with
     `base_epochs`."""
-    from hetpipe_tf.sim import VirtualClock, stage_param_bytes
+    from hetpipe_tf.sim import VirtualClock
     from hetpipe_tf.strategy.pick import epoch_model, pick_for_time_to_accuracy
-    from hetpipe_tf.strategy.planning import simulated_candidates
+    from hetpipe_tf.strategy.planning import simulated_candidates, stage_bytes
 
-    layer_bytes = [la.trainable_param_bytes for la in profile.layers]
     cands = []
     for policy in policies:
         k = max(p.num_stages for p in hetpipe_plans(profile, cluster, policy)[0])
@@ -201,7 +200,7 @@ def pick(profile: Any, cluster: Any, policies: Sequence[str], distances: Sequenc
             plans, shares = hetpipe_plans(profile, cluster, policy, n)
             cands += simulated_candidates(
                 VirtualClock(cluster, placement=shares), plans,
-                [stage_param_bytes(p, layer_bytes) for p in plans], [n], distances,
+                [stage_bytes(p, profile) for p in plans], [n], distances,
                 label=policy, num_waves=num_waves)
     return pick_for_time_to_accuracy(cands, epoch_model(compensation).with_base(base_epochs),
                                      minibatches_per_epoch)

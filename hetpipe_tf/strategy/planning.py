@@ -6,13 +6,13 @@ the others estimated from the catalog) and the MILP partitions it over the clust
 devices, in pipeline order, with N_m minibatches in flight (default: min(Max_m, k)), by
 `hetpipe_tf.partitioner.planner.plan_model`. With no `n_m` given, N_m is then chosen for
 time to accuracy, at the strategy's D:
-- on a described cluster (every device a catalog GPU, `described`): by the cluster
-  model's seconds per minibatch at each N_m (the simulator, `simulated_candidates`) and
-  the epochs-to-target model of strategy/pick.py (docs/time_to_accuracy.md "The
-  defaults");
-- on a cluster with a CPU device (this machine's logical CPUs): by the stage-time rule of
-  strategy/defaults.py (the largest N_m only when filling the pipeline buys more time
-  than its staleness costs in epochs), with no simulation per fit.
+- with a cluster model (the strategy's `clock=VirtualClock(cluster)`, a described
+  cluster): by that model's seconds per minibatch at each N_m (`simulated_candidates`)
+  and the epochs-to-target model of strategy/pick.py (docs/time_to_accuracy.md "The
+  defaults"). The strategy never imports the simulator: the model comes in as a value;
+- without one (this machine's time): by the stage-time rule of strategy/defaults.py (the
+  largest N_m only when filling the pipeline buys more time than its staleness costs in
+  epochs), with no simulation per fit.
 The memory model counts the staleness compensation's buffers (weight prediction's copies
 of the weights, strategy/prediction_memory.py).
 """
@@ -62,14 +62,14 @@ def plan_layout(options, model, batch_size: int) -> tuple:
     compensation = options.compensation.value
     if options.data_parallel.mode is DataParallel.HETSEQ:   # D > 0 (docs/hetseq.md)
         return one_device_plans(model, batch_size, layout.cluster)
-    d = options.wsp.clock_distance
+    timed = dict(clock_distance=options.wsp.clock_distance, cluster_model=options.clock.model)
     if layout.allocation is None:
         return plan_with_partitioner(model, batch_size, layout.cluster, pipeline.n_m,
                                      pipeline.max_m, sync=sync_memory(options.schedule),
-                                     compensation=compensation, clock_distance=d)
+                                     compensation=compensation, **timed)
     return plan_virtual_workers(model, batch_size, layout.cluster, layout.allocation,
                                 layout.num_virtual_workers, pipeline.n_m, pipeline.max_m,
-                                compensation=compensation, clock_distance=d)
+                                compensation=compensation, **timed)
 
 
 def one_device_plans(model, batch_size: int, cluster_arg) -> tuple:
@@ -101,21 +101,19 @@ def groups_within(devices: Sequence[Any], most: int) -> list[tuple]:
     return out
 
 
-def described(cl) -> bool:
-    """True when every device of `cl` is a catalog GPU (e.g. `paper_cluster()`, or
-    `Cluster.local(["TITAN_V", ...])` emulating one): a cluster the cluster model
-    describes, on which N_m is picked by simulated time (module docstring)."""
-    from hetpipe_tf.cluster.catalog import DeviceKind
-
-    return all(cl.device_type(d).kind is DeviceKind.GPU for d in cl.devices)
+def stage_bytes(plan, profile) -> list[int]:
+    """Trainable parameter bytes of each stage of `plan`, from `profile`'s layers."""
+    return [int(sum(la.trainable_param_bytes for la in profile.layers[s.first:s.last + 1]))
+            for s in plan.stages]
 
 
 def simulated_candidates(clock, plans: Sequence, param_bytes: Sequence[Sequence[int]],
                          n_ms: Sequence[int], distances: Sequence[int], label: str = "",
                          num_waves: int = 8) -> list:
-    """One `pick.Candidate` per (N_m, D): `plans` on the clock's cluster (a
-    `sim.VirtualClock`, the model the virtual clock trains in), its seconds per minibatch
-    = the simulation's makespan / minibatches of every VW over `num_waves` waves."""
+    """One `pick.Candidate` per (N_m, D): `plans` in the cluster model `clock` (a
+    `sim.VirtualClock`, the model the virtual clock trains in: its `simulate(plans, n_m,
+    d, param_bytes, num_waves)`), seconds per minibatch = the simulation's makespan /
+    minibatches of every VW over `num_waves` waves."""
     from hetpipe_tf.strategy.pick import Candidate
 
     out = []
@@ -126,18 +124,15 @@ def simulated_candidates(clock, plans: Sequence, param_bytes: Sequence[Sequence[
     return out
 
 
-def _n_m_for_time(plans: Sequence, compensation, cl=None, profile=None,
+def _n_m_for_time(plans: Sequence, compensation, cluster_model=None, profile=None,
                   clock_distance: int = 0) -> int:
-    """N_m of `plans` (the throughput default) lowered by the time-to-accuracy pick: the
-    cluster model's on a described cluster `cl` (with the plans' `profile`), else the
-    stage-time rule."""
-    if cl is not None and profile is not None and described(cl):
-        from hetpipe_tf.sim import VirtualClock, stage_param_bytes
+    """N_m of `plans` (the throughput default) lowered by the time-to-accuracy pick: in
+    `cluster_model` when given (with the plans' `profile`), else by the stage-time rule."""
+    if cluster_model is not None and profile is not None:
         from hetpipe_tf.strategy.pick import epoch_model, pick_for_time_to_accuracy
 
-        layer_bytes = [la.trainable_param_bytes for la in profile.layers]
-        param_bytes = [stage_param_bytes(p, layer_bytes) for p in plans]
-        cands = simulated_candidates(VirtualClock(cl), plans, param_bytes,
+        cands = simulated_candidates(cluster_model, plans,
+                                     [stage_bytes(p, profile) for p in plans],
                                      range(1, plans[0].n_m + 1), [clock_distance])
         best = pick_for_time_to_accuracy(cands, epoch_model(compensation)).best.candidate.n_m
         how = "the cluster model's time per minibatch"
@@ -156,7 +151,7 @@ def _n_m_for_time(plans: Sequence, compensation, cl=None, profile=None,
 
 def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
                           max_m: int | None, sync=None, compensation=None,
-                          clock_distance: int = 0) -> tuple:
+                          clock_distance: int = 0, cluster_model=None) -> tuple:
     """Profile and partition `model` with hetpipe_tf.partitioner.planner.plan_model: one
     virtual worker of every device, or, when the model has fewer stages to give than the
     cluster has devices, the fewest VWs that use every device (data parallelism between
@@ -179,7 +174,7 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
             model.name, most, len(cl.devices), len(vws),
             "/".join(str(len(v)) for v in vws), [[d.name for d in v] for v in vws])
         return plan_devices(model, batch_size, cl, vws, n_m, max_m, compensation,
-                            clock_distance)
+                            clock_distance, cluster_model)
     # `sync`: a synchronous schedule's memory model (partitioner/cost.py SyncMemory).
     result = plan_model(model, cl, batch_size, n_m=n_m, optimizer=model.optimizer, sync=sync,
                         prediction=pm)
@@ -187,7 +182,7 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
         result = plan_model(model, cl, batch_size, n_m=max_m, optimizer=model.optimizer,
                             profile=result.profile, prediction=pm)
     if n_m is None and sync is None:
-        best = _n_m_for_time((result.plan,), compensation, cl, result.profile,
+        best = _n_m_for_time((result.plan,), compensation, cluster_model, result.profile,
                              clock_distance)
         if best < result.plan.n_m:
             result = plan_model(model, cl, batch_size, n_m=best, optimizer=model.optimizer,
@@ -197,7 +192,7 @@ def plan_with_partitioner(model, batch_size: int, cluster: Any, n_m: int | None,
 
 def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_vws,
                          n_m: int | None, max_m: int | None, compensation=None,
-                         clock_distance: int = 0) -> tuple:
+                         clock_distance: int = 0, cluster_model=None) -> tuple:
     """Form virtual workers by `allocation` (hetpipe_tf.cluster.allocation) and plan each
     with one N_m, profiling the model once: `n_m` if given, else the single-VW default
     min(Max_m, k) taken over the VWs (k = devices of a VW: k minibatches in flight keep a
@@ -207,7 +202,7 @@ def plan_virtual_workers(model, batch_size: int, cluster: Any, allocation, num_v
     cl = resolve_cluster(cluster)
     return plan_devices(model, batch_size, cl,
                         allocate(cl, allocation, num_virtual_workers=num_vws), n_m, max_m,
-                        compensation, clock_distance)
+                        compensation, clock_distance, cluster_model)
 
 
 def _profile_of_types(model, batch_size: int, vws: Sequence[Sequence]):
@@ -227,7 +222,8 @@ def _profile_of_types(model, batch_size: int, vws: Sequence[Sequence]):
 
 
 def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int | None,
-                 max_m: int | None, compensation=None, clock_distance: int = 0) -> tuple:
+                 max_m: int | None, compensation=None, clock_distance: int = 0,
+                 cluster_model=None) -> tuple:
     """Plan each virtual worker of `vws` (device tuples) with one N_m, profiling the model
     once (the N_m rule of `plan_virtual_workers`)."""
     from hetpipe_tf.partitioner.milp import plan_virtual_workers as plan_all
@@ -247,7 +243,8 @@ def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int |
         plans = plan_all(first.profile, vws, cluster=cl, n_m=max_m,
                          optimizer_slots=first.plan.optimizer_slots, prediction=pm)
     if n_m is None:
-        best = _n_m_for_time(plans, compensation, cl, first.profile, clock_distance)
+        best = _n_m_for_time(plans, compensation, cluster_model, first.profile,
+                             clock_distance)
         if best < plans[0].n_m:
             plans = plan_all(first.profile, vws, cluster=cl, n_m=best,
                              optimizer_slots=first.plan.optimizer_slots, prediction=pm)

@@ -1,6 +1,6 @@
 """The pick by predicted time to accuracy (strategy/pick.py): against a brute-force
 reference written here, its ties, refusals and epoch models; and the planner using it on a
-described cluster (catalog GPUs) while a CPU cluster keeps the stage-time rule."""
+cluster model it is given, while without one it keeps the stage-time rule."""
 
 import itertools
 import math
@@ -76,18 +76,18 @@ def test_epoch_models_by_compensation():
         3.0 * 1.6 * 1.2)
 
 
-def test_the_planner_picks_by_the_cluster_model_on_a_described_cluster(monkeypatch):
-    """Cluster.local of catalog GPUs is described: the planner simulates each N_m and
-    picks; LOCAL_CPU devices keep the stage-time rule with no simulation."""
+def test_the_planner_picks_in_the_cluster_model_it_is_given(monkeypatch):
+    """With a cluster model (the strategy's clock=VirtualClock(cluster)) the planner
+    simulates each N_m at the strategy's D and picks; without one it keeps the stage-time
+    rule and simulates nothing; a user's n_m is kept."""
     import keras
 
     from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.sim import VirtualClock
     from hetpipe_tf.strategy import planning, pick
     from tests.strategy.helpers import skip_model
 
     gpus = Cluster.local(["TITAN_V", "RTX_2060"])
-    cpus = Cluster.local(["LOCAL_CPU"] * 2)
-    assert planning.described(gpus) and not planning.described(cpus)
     seen = []
     real = planning.simulated_candidates
 
@@ -99,16 +99,52 @@ def test_the_planner_picks_by_the_cluster_model_on_a_described_cluster(monkeypat
     monkeypatch.setattr(planning, "simulated_candidates", spy)
     model = skip_model(0)
     model.compile(keras.optimizers.SGD(0.05), "mse")
-    (plan,) = planning.plan_with_partitioner(model, 8, cpus, None, None, compensation="none")
+    (plan,) = planning.plan_with_partitioner(model, 8, gpus, None, None, compensation="none")
     assert seen == []
     for d in (0, 3):
         (plan,) = planning.plan_with_partitioner(model, 8, gpus, None, None,
-                                                 compensation="both", clock_distance=d)
+                                                 compensation="both", clock_distance=d,
+                                                 cluster_model=VirtualClock(gpus))
         cands = seen[-1]
         assert [c.n_m for c in cands] == list(range(1, len(cands) + 1))
         assert {c.clock_distance for c in cands} == {d}
         best = pick.pick_for_time_to_accuracy(cands, epoch_model("both")).best.candidate
         assert plan.n_m == best.n_m
-    # A user's n_m is kept, with no simulation.
-    (plan,) = planning.plan_with_partitioner(model, 8, gpus, 1, None, compensation="both")
+    (plan,) = planning.plan_with_partitioner(model, 8, gpus, 1, None, compensation="both",
+                                             cluster_model=VirtualClock(gpus))
     assert plan.n_m == 1 and len(seen) == 2
+
+
+def test_a_strategy_with_a_virtual_clock_and_no_n_m_trains_at_the_pick(monkeypatch):
+    """HetPipeStrategy(cluster, allocation=..., clock=VirtualClock(cluster)) with no n_m:
+    the planner's N_m is the pick in that cluster model at the strategy's D, and the
+    virtual clock trains at it."""
+    import keras
+
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.sim import VirtualClock
+    from hetpipe_tf.strategy import HetPipeStrategy, planning
+    from tests.strategy.helpers import regression_data, skip_model
+
+    seen = []
+    real = planning.simulated_candidates
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(planning, "simulated_candidates", spy)
+    cluster = Cluster.local(["TITAN_V", "RTX_2060"] * 2, hosts=2)
+    strategy = HetPipeStrategy(cluster, allocation="NP", clock_distance=2,
+                               clock=VirtualClock(cluster))
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    x, y = regression_data(32, 0)
+    with strategy:
+        history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    (cands,) = seen
+    assert {c.clock_distance for c in cands} == {2} and strategy.num_virtual_workers == 2
+    best = pick_for_time_to_accuracy(cands, epoch_model("both")).best.candidate
+    assert strategy.n_m == best.n_m and {p.n_m for p in strategy.plans} == {best.n_m}
+    assert history.history["virtual_time_s"][-1] > 0

@@ -17,6 +17,11 @@ staleness for the same predicted time). With c = 0 the rule is the throughput de
 The stage times are the plan's predicted ones (`StagePlan.time_s`), at the N_max plan's
 partition; the chosen N_m is then planned again (memory only shrinks with fewer minibatches
 in flight). D keeps its default, 0 (docs/convergence.md: D = 0, 4, 32 measured alike).
+
+This rule is the planner's when the strategy has no cluster model (this machine's time).
+With one (`clock=VirtualClock(cluster)`), N_m is picked in that model instead: its
+simulated seconds per minibatch and the epoch model measured under the virtual clock
+(strategy/pick.py, docs/time_to_accuracy.md "The defaults").
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from typing import Callable, Mapping, Sequence
 
 from hetpipe_tf._args import parse_enum
 from hetpipe_tf.cluster.probe import Health, probe
+from hetpipe_tf.ps.call_workers import Call, CallWorkers
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -188,13 +189,14 @@ class TaskMonitor:
 class FaultGuard:
     """The chief's side of fault handling for one executor (the coordinator of the VWs).
 
-    `call(fn, *args)` runs a call of the executor (submit, drain, abort, close) on a helper
-    thread while the caller waits for it OR for a lost task, so a call stuck in a remote
-    op (a frozen task never answers, and TensorFlow has no deadline on eager remote ops)
-    still returns: with a TaskLostError under `FaultPolicy.STOP`. An error of the call
-    that a lost task explains (TensorFlow's UnavailableError from a dead task) is raised as
-    the TaskLostError, the original as its cause. `lost(task, health, silent_s)` is the
-    monitor's callback.
+    `call(fn, *args)` runs a call of the executor (submit, drain, abort, close) on a
+    long-lived worker thread (hetpipe_tf/ps/call_workers.py) while the caller waits for it
+    OR for a lost task, so a call stuck in a remote op (a frozen task never answers, and
+    TensorFlow has no deadline on eager remote ops) still returns: with a TaskLostError
+    under `FaultPolicy.STOP`; its worker stays behind and later calls go to another. An
+    error of the call that a lost task explains (TensorFlow's UnavailableError from a dead
+    task) is raised as the TaskLostError, the original as its cause. `lost(task, health,
+    silent_s)` is the monitor's callback.
 
     Under `FaultPolicy.CONTINUE`, `on_lost(error)` (the coordinator's `drop_lost`, which it
     sets) decides: True, the job goes on without the task's VWs and no call fails; else
@@ -217,6 +219,14 @@ class FaultGuard:
         self._local = threading.local()
         self._lock = threading.Lock()
         self.monitor = TaskMonitor(self.addresses, options.timeout_s, self.lost)
+        # The job outlives a lost task under CONTINUE: a call's failed ops must not block
+        # the chief's later calls in a shared executor, so each runs in one of its own.
+        self._workers = CallWorkers(
+            "hetpipe-guarded-call", on_start=self._mark_inside,
+            around=_own_executor if options.policy is FaultPolicy.CONTINUE else None)
+
+    def _mark_inside(self) -> None:
+        self._local.inside = True
 
     def lost(self, task: str, health: Health, silent_s: float) -> None:
         with self._lock:
@@ -252,7 +262,7 @@ class FaultGuard:
             self._event.set()
 
     def inside(self) -> bool:
-        """True on the helper thread of a guarded call (the call itself runs there)."""
+        """True on a guarded call's worker thread (the call itself runs there)."""
         return getattr(self._local, "inside", False)
 
     def confirm(self, timeout_s: float) -> TaskLostError | None:
@@ -301,38 +311,14 @@ class FaultGuard:
     def call(self, fn: Callable, *args):
         if self.fatal is not None:
             raise self.fatal
-        box: dict = {}
-        done = threading.Event()
-
-        def call_fn() -> None:
-            try:
-                box["value"] = fn(*args)
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                box["error"] = e
-            finally:
-                done.set()
-
-        def run() -> None:
-            self._local.inside = True
-            if self.options.policy is FaultPolicy.CONTINUE:
-                # The job outlives a lost task: its failed ops must not block the chief's
-                # later calls in a shared executor (tf_executors.own_executor). `done` is
-                # set inside: leaving the executor waits for its remote ops, and one for a
-                # frozen task (a tensor handle it frees, say) never ends.
-                from hetpipe_tf._shim import tf_executors
-
-                with tf_executors.own_executor():
-                    call_fn()
-            else:
-                call_fn()
-
-        threading.Thread(target=run, daemon=True, name="hetpipe-guarded-call").start()
-        while not done.wait(0.05):
+        call = Call(fn, args)
+        self._workers.start(call)
+        while not call.done.wait(0.05):
             if self._event.is_set():
-                raise self.fatal   # the call stays behind on its (daemon) thread
-        error = box.get("error")
+                raise self.fatal   # the call stays behind on its (daemon) worker
+        error = call.error
         if error is None:
-            return box.get("value")
+            return call.value
         if self.fatal is None and remote_failure(error):
             self.confirm(self.options.timeout_s)
         if self.fatal is not None and error is not self.fatal:
@@ -349,7 +335,17 @@ class FaultGuard:
         abandon()
 
     def close(self) -> None:
+        """Stop the monitor and the idle call workers (a call after this runs on a worker
+        that ends with it; one stuck in a lost task's op stays behind as a daemon)."""
         self.monitor.close()
+        self._workers.close()
+
+
+def _own_executor():
+    """`tf_executors.own_executor()` (hetpipe_tf/_shim), imported when first needed."""
+    from hetpipe_tf._shim import tf_executors
+
+    return tf_executors.own_executor()
 
 
 def remote_failure(error: BaseException) -> bool:

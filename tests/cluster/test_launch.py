@@ -231,28 +231,27 @@ def test_a_chief_that_ignores_sigint_is_stopped_after_the_grace_period():
         job.cleanup()
 
 
-def _launch_example(*flags, workers=2, ps=1):
-    return subprocess.Popen(
-        [sys.executable, "-m", "hetpipe_tf.launch", f"--workers={workers}", f"--ps={ps}",
-         "--grace_s=3", "--", sys.executable, "examples/train_mlp.py", *flags],
-        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-
-
 @pytest.mark.slow   # 4 TensorFlow processes, twice: about a minute on 2 cores
 def test_example_job_killed_worker_named_then_resumed(tmp_path):
-    """The example under the launcher: a worker SIGKILLed after the first epoch ends the
+    """The example under the launcher with --devices_per_worker=2 (each worker's server
+    has 2 CPU devices, so the 2 VWs, one per worker, are 2-stage pipelines whose stages sit
+    on /job:worker/.../CPU:0 and CPU:1): a worker SIGKILLed after the first epoch ends the
     job with TaskLostError and no process left; the same job started again resumes from
     BackupAndRestore's last epoch and finishes."""
     backup = str(tmp_path / "backup")
     # fault_timeout_s bounds the chief's start-up check too: servers slow to start on a
     # loaded machine are not the fault here (a SIGKILLed worker is found in well under 1 s).
     flags = ["--epochs=3", "--samples=256", "--fault_timeout_s=60", f"--backup_dir={backup}"]
+    launcher = [sys.executable, "-m", "hetpipe_tf.launch", "--workers=2", "--ps=1",
+                "--devices_per_worker=2"]
     first = Launched.__new__(Launched)
-    first.proc, first.lines, first.tasks = _launch_example(*flags), [], 4
+    first.proc = subprocess.Popen(
+        [*launcher, "--grace_s=3", "--", sys.executable, "examples/train_mlp.py", *flags],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    first.lines, first.tasks = [], 4
     first._reader = threading.Thread(target=first._read, daemon=True)
     first._reader.start()
-    second = None
     try:
         first.wait_for(r"^\[chief:0\] Epoch 2/3", timeout=240)
         pids = first.pids()
@@ -263,27 +262,13 @@ def test_example_job_killed_worker_named_then_resumed(tmp_path):
         assert "TaskLostError: Task worker:1 at 127.0.0.1:" in text, text[-3000:]
         assert _all_gone(pids.values()) is True
         second = subprocess.run(
-            [sys.executable, "-m", "hetpipe_tf.launch", "--workers=2", "--ps=1", "--",
-             sys.executable, "examples/train_mlp.py", *flags],
+            [*launcher, "--", sys.executable, "examples/train_mlp.py", *flags],
             cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert second.returncode == 0, second.stdout[-3000:]
         assert "[chief:0] Epoch 1/3" not in second.stdout   # resumed after epoch 1
         assert "[chief:0] final loss" in second.stdout
     finally:
         first.cleanup()
-
-
-@pytest.mark.slow   # 4 TensorFlow processes: about 25 s on 2 cores
-def test_example_job_with_two_declared_devices_per_worker():
-    """--devices_per_worker=2: each worker's server has 2 CPU devices, so the 2 VWs (one
-    per worker) are 2-stage pipelines whose stages sit on /job:worker/.../CPU:0 and CPU:1."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "hetpipe_tf.launch", "--workers=2", "--ps=1",
-         "--devices_per_worker=2", "--", sys.executable, "examples/train_mlp.py",
-         "--epochs=1", "--samples=128"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "[chief:0] final loss" in proc.stdout
 
 
 @pytest.mark.slow   # 4 TensorFlow processes: about 30 s on 2 cores

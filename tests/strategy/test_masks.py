@@ -65,6 +65,17 @@ def _fit(make, strategy=None):
     return history, model.get_weights(), model.evaluate(x, y, verbose=0)
 
 
+_REFERENCE: dict = {}
+
+
+def _reference(make):
+    """Plain Keras' (history, weights, evaluate) of `make`, fitted once in this module (the
+    tests only read it)."""
+    if make not in _REFERENCE:
+        _REFERENCE[make] = _fit(make)
+    return _REFERENCE[make]
+
+
 def _assert_same(got, want):
     (h, w, ev), (h_ref, w_ref, ev_ref) = got, want
     for key in h_ref:
@@ -77,7 +88,7 @@ def _assert_same(got, want):
 def test_masks_cross_every_cut_as_in_plain_keras(make):
     """One VW at N_m = 1 equals plain Keras for one stage, every 2-stage cut and 3 stages:
     the loss, the accuracy (a metric that reads y_pred's mask), the weights, evaluate."""
-    reference = _fit(make)
+    reference = _reference(make)
     layers = len(make().layers) - 1   # without the Input
     nodes = len(LayerGraph.from_model(make()))
     assert nodes > layers   # the ops making the mask are nodes too
@@ -95,7 +106,7 @@ def test_masks_with_hetseq_and_gpipe_as_in_plain_keras():
     micro-batches run the masked model as plain Keras does. (With a masked OUTPUT, each
     share or micro-batch averages its loss over its own unmasked steps, as
     MirroredStrategy's replicas do: docs/strategy.md "Keras masks".)"""
-    reference = _fit(masked_classifier)
+    reference = _reference(masked_classifier)
     hetseq = HetPipeStrategy(Cluster.local(["LOCAL_CPU"] * 2), data_parallel="hetseq",
                              shares=[8, 8])
     _assert_same(_fit(masked_classifier, hetseq), reference)

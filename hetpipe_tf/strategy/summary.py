@@ -95,6 +95,10 @@ def _n_m_reason(options, layout) -> str:
         return "the plan's" if plans and plans[0].n_m == options.pipeline.n_m else "given"
     if options.layout.plan_fn is not None:
         return "the plans'"
+    if options.clock.virtual:   # strategy/planning.py: the pick in the cluster model
+        return ("picked by predicted time to accuracy in the cluster model: its simulated "
+                "time per minibatch x the epochs local staleness costs (strategy/pick.py); "
+                "pass n_m= to choose")
     return ("chosen by the planner: at most min(Max_m, stages of a VW), lowered where local "
             "staleness costs more epochs than the fuller pipeline saves time; pass n_m= to "
             "choose")

@@ -79,6 +79,20 @@ def test_two_virtual_workers_planned_on_an_emulated_cluster():
     ])
 
 
+def test_the_n_m_of_a_cluster_model_is_named_as_the_pick():
+    from hetpipe_tf.sim import VirtualClock
+
+    cluster = Cluster.local(["LOCAL_CPU", "LOCAL_CPU", "LOCAL_CPU", "TITAN_V"], hosts=2,
+                            emulated_speed_factors=[1, 1, 1, 0.5])
+    options = StrategyOptions.parse(cluster, clock_distance=1, compensation="none",
+                                    clock=VirtualClock(cluster))
+    text = describe(options, Layout(_cluster_plans(cluster, 2), 2), VirtualWorkers(options),
+                    cluster, model_name="skipnet", executor="Coordinator")
+    assert ("  N_m = 2 (picked by predicted time to accuracy in the cluster model: its "
+            "simulated time per minibatch x the epochs local staleness costs "
+            "(strategy/pick.py); pass n_m= to choose)") in text.splitlines()
+
+
 def test_gpipe():
     plan = even_plan(skip_model(0), DEVICES[:2], n_m=1)
     options = StrategyOptions.parse(plan=plan, schedule="gpipe", micro_batches=4,

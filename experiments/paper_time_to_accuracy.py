@@ -108,9 +108,12 @@ def settings() -> dict:
                 if _PICK.value else None)
 
 
-# The compensation HetPipeStrategy uses when none is given (WSP: BOTH; StrategyOptions,
-# docs/convergence.md "The defaults"): the pick's epoch model and its row's.
-DEFAULT_COMPENSATION = "both"
+def _default_compensation():
+    """The compensation HetPipeStrategy uses under WSP when none is given (docs/convergence.md
+    "The defaults"): the pick's epoch model and its row's."""
+    from hetpipe_tf.strategy.options import CompensationOptions
+
+    return CompensationOptions.value
 
 
 def pick_row(task, pick_over, cluster) -> tuple:
@@ -121,10 +124,11 @@ def pick_row(task, pick_over, cluster) -> tuple:
     batch = _BATCH.value
     profile = tta.task_profile(task, batch)
     t0 = time.perf_counter()
-    picked = tta.pick(profile, cluster, pick_over[0], pick_over[1], DEFAULT_COMPENSATION,
+    compensation = _default_compensation()
+    picked = tta.pick(profile, cluster, pick_over[0], pick_over[1], compensation,
                       tta.BASE_EPOCHS[task.name], len(task.x) // batch)
     best = picked.best.candidate
-    m = epoch_model(DEFAULT_COMPENSATION)
+    m = epoch_model(compensation)
     print(f"The defaults' pick ({len(picked.predictions)} candidates, "
           f"{time.perf_counter() - t0:.0f} s; compensation default, epochs = "
           f"{tta.BASE_EPOCHS[task.name]:g} x (1 + {m.local:g} (N_m - 1)) x "

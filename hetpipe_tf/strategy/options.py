@@ -217,7 +217,8 @@ class StrategyOptions:
         if chosen is None:
             # The default (docs/convergence.md "The defaults"): BOTH where staleness can
             # exist; HetSeq's synchronous steps have none to compensate.
-            chosen = Compensation.NONE if mode is DataParallel.HETSEQ else Compensation.BOTH
+            chosen = (Compensation.NONE if mode is DataParallel.HETSEQ
+                      else CompensationOptions.value)
         hand_shares = check_hetseq_arguments(
             mode, shares, plans=layout.plans, plan_fn=layout.plan_fn,
             allocation=layout.allocation, clock_distance=clock_distance, n_m=n_m,

@@ -116,13 +116,12 @@ def _default_compensation():
     return CompensationOptions.value
 
 
-def pick_row(task, pick_over, cluster) -> tuple:
-    """(the pick, its Row) of `task` over `pick_over` = (policies, distances); prints the
-    candidates' table."""
+def pick_row(task, pick_over, cluster, profile) -> tuple:
+    """(the pick, its Row) of `task` (its `profile`) over `pick_over` = (policies,
+    distances); prints the candidates' table."""
     from hetpipe_tf.strategy.pick import epoch_model
 
     batch = _BATCH.value
-    profile = tta.task_profile(task, batch)
     t0 = time.perf_counter()
     compensation = _default_compensation()
     picked = tta.pick(profile, cluster, pick_over[0], pick_over[1], compensation,
@@ -150,9 +149,9 @@ def pick_summary(picked, row, found_s: dict) -> str:
     return text + "."
 
 
-def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict, dict]:
+def run_task(task, rows, epochs: int, devices, cluster, profile) -> tuple[list, dict, dict]:
     """(table rows, epochs to target per Row, virtual seconds to target per Row) of one
-    task."""
+    task (its `profile`)."""
     import keras
 
     from hetpipe_tf.sim import VirtualClock
@@ -162,7 +161,6 @@ def run_task(task, rows, epochs: int, devices, cluster) -> tuple[list, dict, dic
     batch, target, opt = _BATCH.value, _TARGET.value, OPTIMIZERS[_OPTIMIZER.value]
     keras.utils.set_random_seed(_SEED.value)
     weights0 = task.build().get_weights()
-    profile = tta.task_profile(task, batch)
     plans = {(p, n): tta.hetpipe_plans(profile, cluster, p, n or _N_M.value)
              for p, n in {(r.policy, r.n_m) for r in rows if r.policy}}
     ed_plans = plans.get(("ED", 0))
@@ -237,12 +235,13 @@ def main(argv: list[str]) -> int:
     for name in s["tasks"]:
         task = tta.load_task(name, s["examples"])
         print(f"\n{name}: {task.what}", flush=True)
+        profile = tta.task_profile(task, _BATCH.value)   # once: the pick's and the rows'
         rows = s["rows"]
         if s["pick"]:
-            picked, row = pick_row(task, s["pick"], cluster)
+            picked, row = pick_row(task, s["pick"], cluster, profile)
             rows = tuple(r for r in rows if r.kind.synchronous) + (row,) + tuple(
                 r for r in rows if not r.kind.synchronous)
-        table, found, found_s = run_task(task, rows, s["epochs"], devices, cluster)
+        table, found, found_s = run_task(task, rows, s["epochs"], devices, cluster, profile)
         print(_study.markdown_table(table), flush=True)
         if s["pick"]:
             print(pick_summary(picked, row, found_s), flush=True)

@@ -9,14 +9,21 @@ value and whether it is the default), the data-parallel mode (and hand-given sha
 fault handling (`FaultOptions`) and the clock (this machine's, or a cluster model's virtual
 one). Every default is resolved here: the compensation (BOTH, or
 NONE in HetSeq mode) and N_m (1 for a synchronous schedule and for HetSeq; the plan's when
-plans are given). What only the first fit can know (plans the planner makes, the N_m it
-picks for them) is a model's `Layout` (strategy/layout.py), never written back here.
+plans are given). The options record whether the user gave the clock distance D and the
+allocation (`WSPOptions.distance_given`, `LayoutOptions.allocation_given`): under a cluster
+model (`clock=VirtualClock(...)`) the planner picks what was not given (strategy/planning.py).
+What only the first fit can know (plans the planner makes, the N_m it picks for them) is a
+model's `Layout` (strategy/layout.py). The one exception is `Picks`: D picked at the first
+planned fit, which the runtime reads as `options.wsp.clock_distance` (one D per strategy, as
+a given D is), and the allocation picked for each layout, for the summary; it is set once
+and compares as nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from typing import Any, Callable
 
 from hetpipe_tf._args import check_int
@@ -32,11 +39,51 @@ from hetpipe_tf.strategy.hetseq import check_arguments as check_hetseq_arguments
 from hetpipe_tf.strategy.validation import check_n_m, check_plans
 
 
+class Picks:
+    """What the planner picked under a cluster model where the user gave nothing
+    (strategy/planning.py `plan_for_time_to_accuracy`): D, set once for the strategy (its
+    later models plan at it), and the allocation policy of each layout planned, by its VWs'
+    devices."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._distance: int | None = None
+        self._allocations: dict[tuple, AllocationPolicy] = {}
+
+    @property
+    def distance(self) -> int | None:
+        """D picked at the strategy's first planned fit; None before (or never picked)."""
+        return self._distance
+
+    def settle_distance(self, d: int) -> int:
+        """Record `d` unless a D was picked already; the D that holds."""
+        with self._lock:
+            if self._distance is None:
+                self._distance = int(d)
+            return self._distance
+
+    @staticmethod
+    def _key(plans) -> tuple:
+        return tuple(tuple(s.device for s in p.stages) for p in plans)
+
+    def record_allocation(self, plans, policy: AllocationPolicy) -> None:
+        with self._lock:
+            self._allocations[self._key(plans)] = policy
+
+    def allocation(self, plans) -> AllocationPolicy | None:
+        """The policy picked for the VWs of `plans`; None when none was picked for them."""
+        return self._allocations.get(self._key(plans))
+
+    def __repr__(self) -> str:
+        return f"Picks(distance={self._distance!r}, allocations={len(self._allocations)})"
+
+
 @dataclasses.dataclass(frozen=True)
 class LayoutOptions:
     """Where the model runs: the cluster argument as given (a Cluster, dict, ClusterSpec,
     resolver, or None for TF_CONFIG), the plans given (one per VW) or a callable that makes
-    them at the first fit, and the allocation policy that forms VWs for the planner."""
+    them at the first fit, and the allocation policy that forms VWs for the planner (None:
+    not given)."""
 
     cluster: Any = dataclasses.field(default=None, compare=False)
     plans: tuple = ()
@@ -52,6 +99,10 @@ class LayoutOptions:
     @property
     def planned_at_fit(self) -> bool:
         return not self.plans
+
+    @property
+    def allocation_given(self) -> bool:
+        return self.allocation is not None
 
     def cluster_or_none(self):
         """The hetpipe_tf Cluster of the argument or TF_CONFIG; None when neither is set."""
@@ -73,12 +124,26 @@ class PipelineOptions:
 
 @dataclasses.dataclass(frozen=True)
 class WSPOptions:
-    """Several VWs under Wave Synchronous Parallel (paper Section 5, docs/wsp.md)."""
+    """Several VWs under Wave Synchronous Parallel (paper Section 5, docs/wsp.md). D is
+    `given_distance` when the user gave one, else the planner's pick (`picks`), else 0."""
 
-    clock_distance: int = 0
+    given_distance: int | None = None
     placement: PlacementPolicy = PlacementPolicy.DEFAULT
     ps_hosts: tuple[str, ...] | None = None
     fresh_pulls: bool = True
+    picks: Picks = dataclasses.field(default_factory=Picks, compare=False, repr=False)
+
+    @property
+    def distance_given(self) -> bool:
+        return self.given_distance is not None
+
+    @property
+    def clock_distance(self) -> int:
+        """D: the one given; else the one picked under a cluster model; else 0."""
+        if self.given_distance is not None:
+            return self.given_distance
+        picked = self.picks.distance
+        return 0 if picked is None else picked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,13 +246,14 @@ class StrategyOptions:
 
     @classmethod
     def parse(cls, cluster: Any = None, *, plan=None, n_m=None, schedule=Schedule.HETPIPE,
-              micro_batches=None, rematerialize=False, max_m=None, clock_distance=0,
+              micro_batches=None, rematerialize=False, max_m=None, clock_distance=None,
               placement="default", ps_hosts=None, allocation=None,
               num_virtual_workers=None, fresh_pulls=True, in_graph=True,
               compensation=None, data_parallel=DataParallel.WSP, shares=None,
               faults: FaultOptions = FaultOptions(), clock=None) -> "StrategyOptions":
         """Check every argument (errors name it and say how to fix it) and resolve every
-        default; the arguments are HetPipeStrategy's."""
+        default; the arguments are HetPipeStrategy's. clock_distance=None: not given (D = 0,
+        or picked by the planner under a cluster model)."""
         checked = schedules.check_arguments(schedule, micro_batches, rematerialize, n_m,
                                             data_parallel)
         layout = _layout(cluster, plan, allocation, num_virtual_workers, max_m)
@@ -201,9 +267,10 @@ class StrategyOptions:
             for p in layout.plans or (None,):
                 check_n_m(resolved_n_m, max_m, p)
             resolved_n_m = int(resolved_n_m)
-        clock_distance = check_int("clock_distance", clock_distance, minimum=0,
-                                   hint="use 0 for BSP-like waves")
-        wsp = WSPOptions(clock_distance, PlacementPolicy.parse(placement),
+        given_distance = None if clock_distance is None else check_int(
+            "clock_distance", clock_distance, minimum=0, hint="use 0 for BSP-like waves")
+        clock_distance = given_distance or 0
+        wsp = WSPOptions(given_distance, PlacementPolicy.parse(placement),
                          None if ps_hosts is None else tuple(ps_hosts),
                          _check_bool("fresh_pulls", fresh_pulls))
         in_graph = _check_bool("in_graph", in_graph)

@@ -4,15 +4,19 @@ Used when `HetPipeStrategy` gets no plan: at the first `fit` the model is profil
 dataset's batch size (device types present on this machine are measured on their device,
 the others estimated from the catalog) and the MILP partitions it over the cluster's
 devices, in pipeline order, with N_m minibatches in flight (default: min(Max_m, k)), by
-`hetpipe_tf.partitioner.planner.plan_model`. With no `n_m` given, N_m is then chosen for
-time to accuracy, at the strategy's D:
+`hetpipe_tf.partitioner.planner.plan_model`. What the user did not give is then chosen for
+time to accuracy:
 - with a cluster model (the strategy's `clock=VirtualClock(cluster)`, a described
-  cluster): by that model's seconds per minibatch at each N_m (`simulated_candidates`)
-  and the epochs-to-target model of strategy/pick.py (docs/time_to_accuracy.md "The
+  cluster), `plan_for_time_to_accuracy` picks N_m, D and the allocation jointly: every
+  allocation of `PICK_ALLOCATIONS` the cluster admits (or the one given) x N_m in
+  1..min(Max_m, k) (or the one given) x D in `PICK_DISTANCES` (or the one given), each
+  candidate's seconds per minibatch from that model (`simulated_candidates`), its epochs
+  from the epochs-to-target model of strategy/pick.py (docs/time_to_accuracy.md "The
   defaults"). The strategy never imports the simulator: the model comes in as a value;
-- without one (this machine's time): by the stage-time rule of strategy/defaults.py (the
-  largest N_m only when filling the pipeline buys more time than its staleness costs in
-  epochs), with no simulation per fit.
+- without one (this machine's time): N_m by the stage-time rule of strategy/defaults.py
+  (the largest N_m only when filling the pipeline buys more time than its staleness costs
+  in epochs), with no simulation per fit; D stays 0 and the allocation None (one VW of
+  every device) when not given.
 The memory model counts the staleness compensation's buffers (weight prediction's copies
 of the weights, strategy/prediction_memory.py).
 """
@@ -20,9 +24,16 @@ of the weights, strategy/prediction_memory.py).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Sequence
 
 logger = logging.getLogger(__name__)
+
+# The candidates of the pick under a cluster model when the user gives no D / allocation:
+# the paper's clock distances (Section 8.3) and allocation policies (Section 8.1; ED-local
+# is ED with a placement of the cluster model, which the user's VirtualClock carries).
+PICK_DISTANCES = (0, 4, 32)
+PICK_ALLOCATIONS = ("NP", "ED", "HD")
 
 
 def resolve_cluster(cluster: Any):
@@ -62,6 +73,11 @@ def plan_layout(options, model, batch_size: int) -> tuple:
     compensation = options.compensation.value
     if options.data_parallel.mode is DataParallel.HETSEQ:   # D > 0 (docs/hetseq.md)
         return one_device_plans(model, batch_size, layout.cluster)
+    if options.clock.virtual and not (layout.allocation_given and options.wsp.distance_given
+                                      and pipeline.n_m is not None):
+        plans = plan_for_time_to_accuracy(options, model, batch_size)
+        if plans is not None:
+            return plans
     timed = dict(clock_distance=options.wsp.clock_distance, cluster_model=options.clock.model)
     if layout.allocation is None:
         return plan_with_partitioner(model, batch_size, layout.cluster, pipeline.n_m,
@@ -221,31 +237,144 @@ def _profile_of_types(model, batch_size: int, vws: Sequence[Sequence]):
                          optimizer=model.optimizer)
 
 
+def _plan_vws(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int | None,
+              max_m: int | None, pm, profile=None) -> tuple:
+    """(plans, profile, replan) of `vws` at `n_m`, or at the throughput default min(Max_m,
+    k) bounded by `max_m` (n_m=None), profiling once unless `profile` is given; `replan(n)`
+    plans the same VWs at N_m = n on that profile."""
+    from hetpipe_tf.partitioner.milp import plan_virtual_workers as plan_all
+    from hetpipe_tf.partitioner.planner import plan_model
+
+    first = plan_model(model, cl, batch_size, devices=vws[0], n_m=n_m,
+                       optimizer=model.optimizer, prediction=pm,
+                       profile=(profile if profile is not None
+                                else _profile_of_types(model, batch_size, vws)))
+
+    def replan(n: int | None) -> tuple:
+        return tuple(plan_all(first.profile, vws, cluster=cl, n_m=n,
+                              optimizer_slots=first.plan.optimizer_slots, prediction=pm))
+
+    plans = replan(n_m)
+    if n_m is None and plans[0].n_m > min(len(vw) for vw in vws):
+        plans = replan(min(len(vw) for vw in vws))
+    if max_m is not None and plans[0].n_m > max_m:
+        plans = replan(max_m)
+    return plans, first.profile, replan
+
+
 def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int | None,
                  max_m: int | None, compensation=None, clock_distance: int = 0,
                  cluster_model=None) -> tuple:
     """Plan each virtual worker of `vws` (device tuples) with one N_m, profiling the model
     once (the N_m rule of `plan_virtual_workers`)."""
-    from hetpipe_tf.partitioner.milp import plan_virtual_workers as plan_all
-    from hetpipe_tf.partitioner.planner import plan_model
     from hetpipe_tf.strategy.prediction_memory import prediction_memory
 
     pm = prediction_memory(compensation)   # weight prediction's buffers (None: none)
-    first = plan_model(model, cl, batch_size, devices=vws[0], n_m=n_m,
-                       optimizer=model.optimizer, prediction=pm,
-                       profile=_profile_of_types(model, batch_size, vws))
-    plans = plan_all(first.profile, vws, cluster=cl, n_m=n_m,
-                     optimizer_slots=first.plan.optimizer_slots, prediction=pm)
-    if n_m is None and plans[0].n_m > min(len(vw) for vw in vws):
-        plans = plan_all(first.profile, vws, cluster=cl, n_m=min(len(vw) for vw in vws),
-                         optimizer_slots=first.plan.optimizer_slots, prediction=pm)
-    if max_m is not None and plans[0].n_m > max_m:
-        plans = plan_all(first.profile, vws, cluster=cl, n_m=max_m,
-                         optimizer_slots=first.plan.optimizer_slots, prediction=pm)
+    plans, profile, replan = _plan_vws(model, batch_size, cl, vws, n_m, max_m, pm)
     if n_m is None:
-        best = _n_m_for_time(plans, compensation, cluster_model, first.profile,
-                             clock_distance)
+        best = _n_m_for_time(plans, compensation, cluster_model, profile, clock_distance)
         if best < plans[0].n_m:
-            plans = plan_all(first.profile, vws, cluster=cl, n_m=best,
-                             optimizer_slots=first.plan.optimizer_slots, prediction=pm)
+            plans = replan(best)
+    return plans
+
+
+def _profile_of_cluster(model, batch_size: int, cl):
+    """The model's profile with times for every device type of `cl` (one profile for every
+    allocation the pick weighs)."""
+    from hetpipe_tf.partitioner.layer_graph import LayerGraph
+    from hetpipe_tf.partitioner.planner import measurable_devices
+    from hetpipe_tf.partitioner.profiling import profile_model
+
+    return profile_model(LayerGraph.from_model(model), batch_size,
+                         sorted({d.type_name for d in cl.devices}),
+                         measure_on=measurable_devices(list(cl.devices)),
+                         optimizer=model.optimizer)
+
+
+def candidate_allocations(cl, policies: Sequence, num_vws: int | None) -> list[tuple]:
+    """(policy, VWs) of each of `policies` that `cl` admits with at least two VWs (the
+    virtual clock trains several), a grouping already listed counted once."""
+    from hetpipe_tf.cluster.allocation import AllocationPolicy, allocate
+    from hetpipe_tf.cluster.errors import AllocationError
+
+    out, seen = [], set()
+    for name in policies:
+        policy = AllocationPolicy.parse(name)
+        try:
+            vws = tuple(tuple(vw) for vw in allocate(cl, policy, num_virtual_workers=num_vws))
+        except AllocationError as e:
+            logger.info("The pick leaves out allocation %s: %s", policy.name, e)
+            continue
+        key = frozenset(frozenset(d.name for d in vw) for vw in vws)
+        if len(vws) >= 2 and key not in seen:
+            seen.add(key)
+            out.append((policy, vws))
+    return out
+
+
+def plan_for_time_to_accuracy(options, model, batch_size: int) -> tuple | None:
+    """The plans of the joint pick of N_m, D and the allocation under the strategy's
+    cluster model (module docstring), each value the user gave kept as given. The picked D
+    is recorded in `options.wsp.picks` (the runtime reads it as options.wsp.clock_distance;
+    a D picked for an earlier model of the strategy holds), the picked allocation there
+    too, for the summary. None when the cluster admits no allocation of several VWs (the
+    caller then plans as without a pick).
+
+    Cost: one profile of the model; per allocation one MILP per VW at the throughput N_m
+    (and one more at the picked N_m for the allocation picked); one simulation of
+    `num_waves` waves per (allocation, N_m, D): at most 3 x k x 3 for k stages per VW."""
+    from hetpipe_tf.partitioner.plan import PartitionError
+    from hetpipe_tf.strategy.pick import epoch_model, pick_for_time_to_accuracy
+    from hetpipe_tf.strategy.prediction_memory import prediction_memory
+
+    t0 = time.perf_counter()
+    layout, pipeline, wsp = options.layout, options.pipeline, options.wsp
+    cl = resolve_cluster(layout.cluster)
+    given_alloc = layout.allocation_given
+    groupings = candidate_allocations(
+        cl, (layout.allocation,) if given_alloc else PICK_ALLOCATIONS,
+        layout.num_virtual_workers)
+    if not groupings:
+        return None
+    fixed_d = wsp.distance_given or wsp.picks.distance is not None
+    distances = (wsp.clock_distance,) if fixed_d else PICK_DISTANCES
+    compensation = options.compensation.value
+    pm = prediction_memory(compensation)
+    profile = None if given_alloc else _profile_of_cluster(model, batch_size, cl)
+    planned, cands, first_error = {}, [], None
+    for policy, vws in groupings:
+        try:
+            plans, profile_used, replan = _plan_vws(model, batch_size, cl, vws, pipeline.n_m,
+                                                    pipeline.max_m, pm, profile)
+            n_ms = ((pipeline.n_m,) if pipeline.n_m is not None
+                    else range(1, plans[0].n_m + 1))
+            cands += simulated_candidates(
+                options.clock.model, plans, [stage_bytes(p, profile_used) for p in plans],
+                n_ms, distances, label=policy.name)
+        except (PartitionError, ValueError) as e:
+            if given_alloc:
+                raise
+            logger.warning("The pick leaves out allocation %s: %s", policy.name, e)
+            first_error = first_error or e
+            continue
+        planned[policy.name] = (policy, plans, replan)
+    if not cands:
+        raise first_error
+    picked = pick_for_time_to_accuracy(cands, epoch_model(compensation))
+    best = picked.best.candidate
+    policy, plans, replan = planned[best.label]
+    if best.n_m != plans[0].n_m:
+        plans = replan(best.n_m)
+    if not fixed_d:
+        wsp.picks.settle_distance(best.clock_distance)
+    if not given_alloc:
+        wsp.picks.record_allocation(plans, policy)
+    logger.info(
+        "Picked by predicted time to accuracy in the cluster model (%d candidates, %.1f s): "
+        "allocation %s%s, N_m = %d%s, D = %d%s; predicted epochs to target %.3g x %.3g "
+        "virtual s per minibatch.", len(cands), time.perf_counter() - t0, policy.name,
+        " (given)" if given_alloc else "", best.n_m,
+        " (given)" if pipeline.n_m is not None else "", best.clock_distance,
+        " (given)" if wsp.distance_given else " (the strategy's, picked earlier)" if fixed_d
+        else "", picked.best.epochs, best.seconds_per_minibatch)
     return plans

@@ -53,12 +53,15 @@ class HetPipeStrategy(tf.distribute.Strategy):
         staleness costs in epochs; docs/convergence.md "The defaults").
       max_m: the memory bound Max_m, when known (N_m > Max_m is an error).
       clock_distance: WSP's bound D on the clock distance between VWs (0 = BSP-like).
+        None (not given): 0; with a cluster model (`clock=`) and the planner, picked with
+        N_m and the allocation by predicted time to accuracy (docs/time_to_accuracy.md).
       placement: where the parameter servers keep each layer: "default" (round-robin over
         the PS hosts) or "ed_local" (stage k's layers on the node running stage k).
       ps_hosts: host names of the parameter servers; None = the cluster's "ps" job, else
         one per host.
       allocation: with no plan, form VWs from the cluster by this policy ("NP", "ED",
-        "HD", "AUTO"; Section 8.1) and plan each; None = one VW of every device.
+        "HD", "AUTO"; Section 8.1) and plan each; None = one VW of every device, or with
+        a cluster model (`clock=`) the policy picked by predicted time to accuracy.
       num_virtual_workers: how many VWs the allocation forms (None: the policy's default).
       fresh_pulls: at every wave end, also take whatever newer w_global the servers hold,
         without waiting (the waiting rule of D is unchanged; docs/wsp.md).
@@ -111,7 +114,7 @@ class HetPipeStrategy(tf.distribute.Strategy):
     def __init__(self, cluster: Any = None, *, plan=None, n_m: int | None = None,
                  schedule: Schedule = Schedule.HETPIPE, micro_batches: int | None = None,
                  rematerialize: bool = False,
-                 max_m: int | None = None, clock_distance: int = 0,
+                 max_m: int | None = None, clock_distance: int | None = None,
                  placement: str = "default", ps_hosts=None, allocation=None,
                  num_virtual_workers: int | None = None, fresh_pulls: bool = True,
                  in_graph: bool = True, compensation: Compensation | str | None = None,

@@ -3,7 +3,8 @@
 `describe` is a pure function of the strategy's options, the model's layout, its training
 mode and the cluster: the cluster's hosts and devices (emulated ones labelled), each
 virtual worker's stages (first..last layer, how many, on which device), N_m and why, the
-clock distance D (several VWs), the schedule, and the staleness compensation, with why
+clock distance D (several VWs) and the allocation policy when the planner picked them under
+a cluster model (strategy/planning.py), the schedule, and the staleness compensation, with why
 when it is the default and whether anything is stale for it to act on. `print_summary`
 prints it through Keras' own output, so `fit(verbose=0)` silences it (docs/strategy.md
 "What the strategy prints").
@@ -15,6 +16,8 @@ from typing import Any, Sequence
 
 from hetpipe_tf.strategy.compensation import implied_staleness, optimizer_adjustment, predicts
 from hetpipe_tf.strategy.data_parallel import DataParallel
+from hetpipe_tf.strategy.planning import PICK_ALLOCATIONS as _ALLOCATIONS
+from hetpipe_tf.strategy.planning import PICK_DISTANCES as _DISTANCES
 
 # What each training mode (strategy/modes.py) does, by class name.
 _MODES = {
@@ -50,12 +53,28 @@ def describe(options, layout, mode, cluster=None, *, model_name: str = "",
     elif shares and options.splits_batches:
         lines.append(f"  every batch split over the VWs: shares {list(shares)}")
     lines.append(f"  N_m = {layout.n_m} ({_n_m_reason(options, layout)})")
+    picked = options.wsp.picks.allocation(layout.plans) if layout.plans else None
+    if picked is not None:
+        lines.append(f"  allocation: {picked.name} ({_PICKED} over "
+                     f"{', '.join(_ALLOCATIONS)} where the cluster admits several VWs; pass "
+                     "allocation= to choose)")
     if vws > 1:
+        why = (f"; {_PICKED} over D = {', '.join(map(str, _DISTANCES))}; pass "
+               "clock_distance= to choose" if _d_picked(options) else "")
         lines.append(f"  D = {options.wsp.clock_distance} (clock distance between the "
-                     f"{vws} VWs), parameters placed {options.wsp.placement.value}")
+                     f"{vws} VWs{why}), parameters placed {options.wsp.placement.value}")
     lines.append(f"  schedule: {_schedule(options)}")
     lines.append(f"  compensation: {_compensation(options, layout)}")
     return "\n".join(lines)
+
+
+_PICKED = ("picked with N_m by predicted time to accuracy in the cluster model "
+           "(strategy/pick.py)")
+
+
+def _d_picked(options) -> bool:
+    wsp = options.wsp
+    return options.clock.virtual and not wsp.distance_given and wsp.picks.distance is not None
 
 
 def _cluster_lines(cluster) -> list[str]:
@@ -97,8 +116,8 @@ def _n_m_reason(options, layout) -> str:
         return "the plans'"
     if options.clock.virtual:   # strategy/planning.py: the pick in the cluster model
         return ("picked by predicted time to accuracy in the cluster model: its simulated "
-                "time per minibatch x the epochs local staleness costs (strategy/pick.py); "
-                "pass n_m= to choose")
+                "time per minibatch x the epochs local staleness costs (strategy/pick.py), "
+                "jointly with what else was not given; pass n_m= to choose")
     return ("chosen by the planner: at most min(Max_m, stages of a VW), lowered where local "
             "staleness costs more epochs than the fuller pipeline saves time; pass n_m= to "
             "choose")

@@ -90,7 +90,11 @@ def test_the_n_m_of_a_cluster_model_is_named_as_the_pick():
                     cluster, model_name="skipnet", executor="Coordinator")
     assert ("  N_m = 2 (picked by predicted time to accuracy in the cluster model: its "
             "simulated time per minibatch x the epochs local staleness costs "
-            "(strategy/pick.py); pass n_m= to choose)") in text.splitlines()
+            "(strategy/pick.py), jointly with what else was not given; pass n_m= to "
+            "choose)") in text.splitlines()
+    # D was given: its line says nothing of a pick, and no allocation line is printed.
+    assert "  D = 1 (clock distance between the 2 VWs), parameters placed default" in text
+    assert "allocation" not in text
 
 
 def test_gpipe():

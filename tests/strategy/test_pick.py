@@ -148,3 +148,41 @@ def test_a_strategy_with_a_virtual_clock_and_no_n_m_trains_at_the_pick(monkeypat
     best = pick_for_time_to_accuracy(cands, epoch_model("both")).best.candidate
     assert strategy.n_m == best.n_m and {p.n_m for p in strategy.plans} == {best.n_m}
     assert history.history["virtual_time_s"][-1] > 0
+
+
+def test_a_strategy_given_nothing_trains_at_the_joint_pick_of_its_cluster_model(monkeypatch):
+    """HetPipeStrategy(cluster, clock=VirtualClock(cluster)) with no n_m, D or allocation:
+    the planner simulates every admitted allocation x N_m x D in {0, 4, 32}, and the
+    strategy trains at the candidate of least predicted time (the reference of this file),
+    its D read by the runtime as the strategy's clock distance."""
+    import keras
+
+    from hetpipe_tf.cluster.spec import Cluster
+    from hetpipe_tf.sim import VirtualClock
+    from hetpipe_tf.strategy import HetPipeStrategy, planning
+    from tests.strategy.helpers import regression_data, skip_model
+
+    seen = []
+    real = planning.simulated_candidates
+
+    def spy(*args, **kwargs):
+        seen.extend(real(*args, **kwargs))
+        return seen[len(seen) - len(args[3]) * len(args[4]):]
+
+    monkeypatch.setattr(planning, "simulated_candidates", spy)
+    cluster = Cluster.local(["TITAN_V", "RTX_2060"] * 2, hosts=2)
+    strategy = HetPipeStrategy(cluster, clock=VirtualClock(cluster))
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    x, y = regression_data(32, 0)
+    with strategy:
+        history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert {c.clock_distance for c in seen} == {0, 4, 32} and seen
+    m = EPOCH_MODELS["compensated"]
+    best = _reference(seen, m.local, m.global_, 1.0, 1.0)
+    assert strategy.extended.clock_distance == best.clock_distance
+    assert strategy.n_m == best.n_m and {p.n_m for p in strategy.plans} == {best.n_m}
+    picked = strategy.options.wsp.picks.allocation(strategy.plans)
+    assert picked is not None and picked.name == best.label
+    assert history.history["virtual_time_s"][-1] > 0

@@ -258,3 +258,31 @@ def test_an_epoch_whose_last_step_showed_nothing_keeps_its_history():
                         callbacks=[_EvaluateAt(x, y)])
     assert set(history.history) == {"loss", "mae"} and history.history["loss"][0] > 0
     strategy.close()
+
+
+def test_the_summary_names_d_and_the_allocation_the_planner_picked():
+    from hetpipe_tf.cluster.allocation import AllocationPolicy
+    from hetpipe_tf.sim import VirtualClock
+
+    cluster = Cluster.local(["LOCAL_CPU", "LOCAL_CPU", "LOCAL_CPU", "TITAN_V"], hosts=2,
+                            emulated_speed_factors=[1, 1, 1, 0.5])
+    plans = _cluster_plans(cluster, 2)
+    options = StrategyOptions.parse(cluster, compensation="none", clock=VirtualClock(cluster))
+    before = describe(options, Layout(plans, 2), VirtualWorkers(options), cluster).splitlines()
+    # Nothing picked yet (or no VWs formed by the pick): today's lines.
+    assert "  D = 0 (clock distance between the 2 VWs), parameters placed default" in before
+    assert not any("allocation" in line for line in before)
+    options.wsp.picks.settle_distance(4)
+    options.wsp.picks.record_allocation(plans, AllocationPolicy.HD)
+    lines = describe(options, Layout(plans, 2), VirtualWorkers(options), cluster).splitlines()
+    picked = "picked with N_m by predicted time to accuracy in the cluster model (strategy/pick.py)"
+    assert (f"  allocation: HD ({picked} over NP, ED, HD where the cluster admits several "
+            "VWs; pass allocation= to choose)") in lines
+    assert (f"  D = 4 (clock distance between the 2 VWs; {picked} over D = 0, 4, 32; pass "
+            "clock_distance= to choose), parameters placed default") in lines
+    # A given D is named as given, whatever a pick recorded.
+    given = StrategyOptions.parse(cluster, clock_distance=2, compensation="none",
+                                  clock=VirtualClock(cluster))
+    given.wsp.picks.settle_distance(4)
+    assert "  D = 2 (clock distance between the 2 VWs), parameters placed default" in describe(
+        given, Layout(plans, 2), VirtualWorkers(given), cluster).splitlines()

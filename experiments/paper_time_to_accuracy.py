@@ -21,9 +21,10 @@ RTX 2060, Quadro P4000), for
     (`sim.horovod`, `sim.hetseq.hetseq`, `simulate` with the GPipe/1F1B schedule).
 With `--pick` (default), the defaults' pick first (hetpipe_tf/strategy/pick.py): every
 candidate of --policies x N_m 1..k x --distances with its cluster-model time per minibatch
-and predicted epochs and virtual time to target (default compensation); the picked one is
-then trained as the row "HetPipe pick: ..." and printed with its predicted and measured
-virtual time to target and the ratio to Horovod's.
+and predicted epochs and virtual time to target (default compensation), and a line
+"Picked: allocation ..., N_m = ..., D = ..." naming the allocation, N_m and D picked
+jointly; the picked one is then trained as the row "HetPipe pick: ..." and printed with
+its predicted and measured virtual time to target and the ratio to Horovod's.
 Then, with `--estimate`, the decomposition ESTIMATE: each configuration's epochs on the
 task x the cluster model's time per ImageNet epoch of VGG-19 and ResNet-152
 (experiments/_tta_estimate.py), beside Section 8.4's figures.
@@ -73,7 +74,8 @@ _PICK = flags.DEFINE_bool("pick", True, "The defaults' pick over --policies x N_
                          "--distances, trained as a row, predicted vs measured.")
 _TINY = flags.DEFINE_bool("tiny", False, "About a minute: the cnn task on 256 examples, 2 "
                           "epochs, Horovod and HetPipe NP at D=0 with compensation none, "
-                          "the pick over NP at D=0, no estimate (overrides the row flags).")
+                          "the pick over NP and ED-local at D=0 and 4, no estimate "
+                          "(overrides the row flags).")
 
 
 def _check(values, allowed) -> bool:
@@ -97,7 +99,7 @@ def settings() -> dict:
     if _TINY.value:
         return dict(tasks=["cnn"], rows=tta.row_set(["NP"], [0], ["none"], []),
                     epochs=2, examples=256, estimate=False,
-                    pick=(["NP"], [0]) if _PICK.value else None)
+                    pick=(["NP", "ED-local"], [0, 4]) if _PICK.value else None)
     distances = [int(d) for d in _DISTANCES.value]
     rows = tta.row_set(_POLICIES.value, distances, _COMPENSATIONS.value, _SCHEDULES.value)
     if not _SYNC.value:
@@ -133,6 +135,10 @@ def pick_row(task, pick_over, cluster, profile) -> tuple:
           f"{tta.BASE_EPOCHS[task.name]:g} x (1 + {m.local:g} (N_m - 1)) x "
           f"(1 + {m.global_:g} log2(1 + D))):", flush=True)
     print(_study.markdown_table(picked.rows()), flush=True)
+    print(f"Picked: allocation {best.label}, N_m = {best.n_m}, D = {best.clock_distance}: the "
+          f"least predicted virtual time to target of {len(picked.predictions)} candidates "
+          f"(allocations {', '.join(pick_over[0])}; D in "
+          f"{', '.join(map(str, pick_over[1]))}; N_m 1..k).", flush=True)
     return picked, tta.Row(tta.Kind.HETPIPE, best.label, best.clock_distance, "default",
                            n_m=best.n_m, picked=True)
 

@@ -19,9 +19,10 @@ partition; the chosen N_m is then planned again (memory only shrinks with fewer 
 in flight). D keeps its default, 0 (docs/convergence.md: D = 0, 4, 32 measured alike).
 
 This rule is the planner's when the strategy has no cluster model (this machine's time).
-With one (`clock=VirtualClock(cluster)`), N_m is picked in that model instead: its
-simulated seconds per minibatch and the epoch model measured under the virtual clock
-(strategy/pick.py, docs/time_to_accuracy.md "The defaults").
+With one (`clock=VirtualClock(cluster)`), N_m is picked in that model instead, jointly
+with D and the allocation where the user gave none: its simulated seconds per minibatch
+and the epoch model measured under the virtual clock (strategy/planning.py
+`plan_for_time_to_accuracy`, strategy/pick.py, docs/time_to_accuracy.md "The defaults").
 """
 
 from __future__ import annotations

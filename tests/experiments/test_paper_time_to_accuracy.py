@@ -129,13 +129,16 @@ def test_tiny_run_prints_the_rows_with_consistent_times():
     header = ["configuration", "N_m", "samples / step", "virtual us / sample",
               "virtual ms to target", "epochs to target", "final acc"]
     candidates, rows = rows[:rows.index(header)], rows[rows.index(header):]
-    # The defaults' pick first: NP's N_m 1..4 at D = 0, one picked, then trained as a row.
+    # The defaults' pick first: NP's and ED-local's N_m 1..4 at D = 0 and 4, one picked
+    # (allocation, N_m and D jointly), then trained as a row.
     assert candidates[0][:3] == ["candidate", "N_m", "D"]
-    assert [(r[0], r[1], r[2]) for r in candidates[1:]] == [("NP", str(n), "0")
-                                                          for n in range(1, 5)]
+    assert [(r[0], r[1], r[2]) for r in candidates[1:]] == [
+        (p, str(n), d) for p in ("NP", "ED-local") for n in range(1, 5) for d in ("0", "4")]
     (best,) = [r for r in candidates[1:] if r[-1] == "picked"]
     assert min(float(r[5]) for r in candidates[1:]) == float(best[5])
-    picked = f"HetPipe pick: NP, N_m={best[1]}, D=0, default (both)"
+    assert (f"Picked: allocation {best[0]}, N_m = {best[1]}, D = {best[2]}: the least "
+            "predicted virtual time to target of 16 candidates") in proc.stdout
+    picked = f"HetPipe pick: {best[0]}, N_m={best[1]}, D={best[2]}, default (both)"
     assert [r[0] for r in rows[1:]] == ["Horovod 16 GPUs, equal batches",
                                         "HetSeq 16 GPUs, shares by speed", picked,
                                         "HetPipe NP, D=0, none"]

@@ -18,8 +18,9 @@ names each figure and the command that prints it). Then
 
 and the pick is the candidate with the fewest; ties go to the smaller N_m, then the
 smaller D (less staleness for the same predicted time), then the first given. Pure: no
-TensorFlow, no simulator; the callers (strategy/planning.py, the paper TTA binary) build
-the candidates.
+TensorFlow, no simulator; the callers build the candidates: strategy/planning.py
+(`plan_for_time_to_accuracy`: allocation x N_m x D under the strategy's cluster model,
+each not given) and the paper TTA binary (experiments/_paper_tta.py `pick`).
 """
 
 from __future__ import annotations

@@ -372,9 +372,12 @@ def plan_for_time_to_accuracy(options, model, batch_size: int) -> tuple | None:
     logger.info(
         "Picked by predicted time to accuracy in the cluster model (%d candidates, %.1f s): "
         "allocation %s%s, N_m = %d%s, D = %d%s; predicted epochs to target %.3g x %.3g "
-        "virtual s per minibatch.", len(cands), time.perf_counter() - t0, policy.name,
+        "virtual s per minibatch. Candidates (times relative: 1 base epoch of 1 "
+        "minibatch, only their order counts):\n%s", len(cands), time.perf_counter() - t0,
+        policy.name,
         " (given)" if given_alloc else "", best.n_m,
         " (given)" if pipeline.n_m is not None else "", best.clock_distance,
         " (given)" if wsp.distance_given else " (the strategy's, picked earlier)" if fixed_d
-        else "", picked.best.epochs, best.seconds_per_minibatch)
+        else "", picked.best.epochs, best.seconds_per_minibatch,
+        "\n".join(" | ".join(row) for row in picked.rows()))
     return plans

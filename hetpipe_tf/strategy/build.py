@@ -178,7 +178,7 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
     if connected_to_cluster():
         update_metrics = shapes_first(update_metrics)
     vws = max(len(layout.plans), 1)
-    compensation, d = options.compensation, options.wsp.clock_distance
+    compensation, d = options.compensation, layout.clock_distance
     adjust = optimizer_adjustment(compensation.value, layout.n_m, vws, d)
     predictor = predictor_factory(compensation.value, layout.n_m, vws)
     log_choice(compensation.value, compensation.by_default, layout.n_m, vws, d,

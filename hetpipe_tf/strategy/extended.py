@@ -256,7 +256,10 @@ class HetPipeExtended(tf.compat.v1.distribute.StrategyExtended):
 
     @property
     def clock_distance(self) -> int:
-        return self.options.wsp.clock_distance
+        """D of the model trained last (the planner may pick it under a cluster model);
+        the one given, or 0, before a model was laid out."""
+        made = self.layout()
+        return made.clock_distance if made is not None else self.options.wsp.clock_distance
 
     # --- the model's own calls: abort on failure, drain before reading state -------------
     def guard_model(self, model) -> None:

@@ -98,7 +98,7 @@ class VirtualWorkers(TrainingMode):
         if note:   # which dispatch was chosen, and what the other predicts (docs/hetseq.md)
             logger.info(note)
         return build_virtual_workers(
-            job.model, job.program, plans, job.layout.n_m, o.wsp.clock_distance,
+            job.model, job.program, plans, job.layout.n_m, job.layout.clock_distance,
             job.update_metrics, split=split, cluster=o.layout.cluster_or_none(),
             placement=o.wsp.placement, ps_hosts=o.wsp.ps_hosts,
             place_locally=job.place_locally,

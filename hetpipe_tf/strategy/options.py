@@ -12,18 +12,14 @@ NONE in HetSeq mode) and N_m (1 for a synchronous schedule and for HetSeq; the p
 plans are given). The options record whether the user gave the clock distance D and the
 allocation (`WSPOptions.distance_given`, `LayoutOptions.allocation_given`): under a cluster
 model (`clock=VirtualClock(...)`) the planner picks what was not given (strategy/planning.py).
-What only the first fit can know (plans the planner makes, the N_m it picks for them) is a
-model's `Layout` (strategy/layout.py). The one exception is `Picks`: D picked at the first
-planned fit, which the runtime reads as `options.wsp.clock_distance` (one D per strategy, as
-a given D is), and the allocation picked for each layout, for the summary; it is set once
-and compares as nothing.
+What only the first fit can know (plans the planner makes, the N_m, D and allocation it
+picks for them) is a model's `Layout` (strategy/layout.py), never written back here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 from typing import Any, Callable
 
 from hetpipe_tf._args import check_int
@@ -37,45 +33,6 @@ from hetpipe_tf.strategy.compensation import Compensation
 from hetpipe_tf.strategy.data_parallel import DataParallel
 from hetpipe_tf.strategy.hetseq import check_arguments as check_hetseq_arguments
 from hetpipe_tf.strategy.validation import check_n_m, check_plans
-
-
-class Picks:
-    """What the planner picked under a cluster model where the user gave nothing
-    (strategy/planning.py `plan_for_time_to_accuracy`): D, set once for the strategy (its
-    later models plan at it), and the allocation policy of each layout planned, by its VWs'
-    devices."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._distance: int | None = None
-        self._allocations: dict[tuple, AllocationPolicy] = {}
-
-    @property
-    def distance(self) -> int | None:
-        """D picked at the strategy's first planned fit; None before (or never picked)."""
-        return self._distance
-
-    def settle_distance(self, d: int) -> int:
-        """Record `d` unless a D was picked already; the D that holds."""
-        with self._lock:
-            if self._distance is None:
-                self._distance = int(d)
-            return self._distance
-
-    @staticmethod
-    def _key(plans) -> tuple:
-        return tuple(tuple(s.device for s in p.stages) for p in plans)
-
-    def record_allocation(self, plans, policy: AllocationPolicy) -> None:
-        with self._lock:
-            self._allocations[self._key(plans)] = policy
-
-    def allocation(self, plans) -> AllocationPolicy | None:
-        """The policy picked for the VWs of `plans`; None when none was picked for them."""
-        return self._allocations.get(self._key(plans))
-
-    def __repr__(self) -> str:
-        return f"Picks(distance={self._distance!r}, allocations={len(self._allocations)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,26 +81,15 @@ class PipelineOptions:
 
 @dataclasses.dataclass(frozen=True)
 class WSPOptions:
-    """Several VWs under Wave Synchronous Parallel (paper Section 5, docs/wsp.md). D is
-    `given_distance` when the user gave one, else the planner's pick (`picks`), else 0."""
+    """Several VWs under Wave Synchronous Parallel (paper Section 5, docs/wsp.md). D as given,
+    or 0 when not given (`distance_given` False: under a cluster model the planner picks each
+    model's D, which its `Layout` holds)."""
 
-    given_distance: int | None = None
+    clock_distance: int = 0
     placement: PlacementPolicy = PlacementPolicy.DEFAULT
     ps_hosts: tuple[str, ...] | None = None
     fresh_pulls: bool = True
-    picks: Picks = dataclasses.field(default_factory=Picks, compare=False, repr=False)
-
-    @property
-    def distance_given(self) -> bool:
-        return self.given_distance is not None
-
-    @property
-    def clock_distance(self) -> int:
-        """D: the one given; else the one picked under a cluster model; else 0."""
-        if self.given_distance is not None:
-            return self.given_distance
-        picked = self.picks.distance
-        return 0 if picked is None else picked
+    distance_given: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,9 +216,10 @@ class StrategyOptions:
         given_distance = None if clock_distance is None else check_int(
             "clock_distance", clock_distance, minimum=0, hint="use 0 for BSP-like waves")
         clock_distance = given_distance or 0
-        wsp = WSPOptions(given_distance, PlacementPolicy.parse(placement),
+        wsp = WSPOptions(clock_distance, PlacementPolicy.parse(placement),
                          None if ps_hosts is None else tuple(ps_hosts),
-                         _check_bool("fresh_pulls", fresh_pulls))
+                         _check_bool("fresh_pulls", fresh_pulls),
+                         distance_given=given_distance is not None)
         in_graph = _check_bool("in_graph", in_graph)
         chosen = None if compensation is None else Compensation.parse(compensation)
         if layout.allocation is not None and (layout.plans or layout.plan_fn is not None):

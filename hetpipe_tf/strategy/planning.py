@@ -63,29 +63,30 @@ def resolve_cluster(cluster: Any):
 
 
 def plan_layout(options, model, batch_size: int) -> tuple:
-    """The plans of `model` under `options` (`StrategyOptions`) when none were given: one
-    device per VW in HetSeq mode with D > 0, else the partitioner's (with the allocation's
-    VWs when one is given)."""
+    """(plans, picked) of `model` under `options` (`StrategyOptions`) when no plans were
+    given: one device per VW in HetSeq mode with D > 0, else the partitioner's (with the
+    allocation's VWs when one is given); `picked` (a `layout.Picked`) says what the pick
+    under a cluster model chose, None without a pick."""
     from hetpipe_tf.strategy.data_parallel import DataParallel
     from hetpipe_tf.strategy.schedules import sync_memory
 
     layout, pipeline = options.layout, options.pipeline
     compensation = options.compensation.value
     if options.data_parallel.mode is DataParallel.HETSEQ:   # D > 0 (docs/hetseq.md)
-        return one_device_plans(model, batch_size, layout.cluster)
+        return one_device_plans(model, batch_size, layout.cluster), None
     if options.clock.virtual and not (layout.allocation_given and options.wsp.distance_given
                                       and pipeline.n_m is not None):
-        plans = plan_for_time_to_accuracy(options, model, batch_size)
-        if plans is not None:
-            return plans
+        made = plan_for_time_to_accuracy(options, model, batch_size)
+        if made is not None:
+            return made
     timed = dict(clock_distance=options.wsp.clock_distance, cluster_model=options.clock.model)
     if layout.allocation is None:
         return plan_with_partitioner(model, batch_size, layout.cluster, pipeline.n_m,
                                      pipeline.max_m, sync=sync_memory(options.schedule),
-                                     compensation=compensation, **timed)
+                                     compensation=compensation, **timed), None
     return plan_virtual_workers(model, batch_size, layout.cluster, layout.allocation,
                                 layout.num_virtual_workers, pipeline.n_m, pipeline.max_m,
-                                compensation=compensation, **timed)
+                                compensation=compensation, **timed), None
 
 
 def one_device_plans(model, batch_size: int, cluster_arg) -> tuple:
@@ -313,17 +314,17 @@ def candidate_allocations(cl, policies: Sequence, num_vws: int | None) -> list[t
 
 
 def plan_for_time_to_accuracy(options, model, batch_size: int) -> tuple | None:
-    """The plans of the joint pick of N_m, D and the allocation under the strategy's
-    cluster model (module docstring), each value the user gave kept as given. The picked D
-    is recorded in `options.wsp.picks` (the runtime reads it as options.wsp.clock_distance;
-    a D picked for an earlier model of the strategy holds), the picked allocation there
-    too, for the summary. None when the cluster admits no allocation of several VWs (the
+    """(plans, picked) of the joint pick of N_m, D and the allocation under the strategy's
+    cluster model (module docstring), each value the user gave kept as given; `picked` (a
+    `layout.Picked`) holds the D and the allocation picked (None where given), which the
+    model's `Layout` keeps. None when the cluster admits no allocation of several VWs (the
     caller then plans as without a pick).
 
     Cost: one profile of the model; per allocation one MILP per VW at the throughput N_m
     (and one more at the picked N_m for the allocation picked); one simulation of
     `num_waves` waves per (allocation, N_m, D): at most 3 x k x 3 for k stages per VW."""
     from hetpipe_tf.partitioner.plan import PartitionError
+    from hetpipe_tf.strategy.layout import Picked
     from hetpipe_tf.strategy.pick import epoch_model, pick_for_time_to_accuracy
     from hetpipe_tf.strategy.prediction_memory import prediction_memory
 
@@ -336,8 +337,7 @@ def plan_for_time_to_accuracy(options, model, batch_size: int) -> tuple | None:
         layout.num_virtual_workers)
     if not groupings:
         return None
-    fixed_d = wsp.distance_given or wsp.picks.distance is not None
-    distances = (wsp.clock_distance,) if fixed_d else PICK_DISTANCES
+    distances = (wsp.clock_distance,) if wsp.distance_given else PICK_DISTANCES
     compensation = options.compensation.value
     pm = prediction_memory(compensation)
     profile = None if given_alloc else _profile_of_cluster(model, batch_size, cl)
@@ -365,10 +365,8 @@ def plan_for_time_to_accuracy(options, model, batch_size: int) -> tuple | None:
     policy, plans, replan = planned[best.label]
     if best.n_m != plans[0].n_m:
         plans = replan(best.n_m)
-    if not fixed_d:
-        wsp.picks.settle_distance(best.clock_distance)
-    if not given_alloc:
-        wsp.picks.record_allocation(plans, policy)
+    chosen = Picked(None if wsp.distance_given else best.clock_distance,
+                    None if given_alloc else policy)
     logger.info(
         "Picked by predicted time to accuracy in the cluster model (%d candidates, %.1f s): "
         "allocation %s%s, N_m = %d%s, D = %d%s; predicted epochs to target %.3g x %.3g "
@@ -377,7 +375,6 @@ def plan_for_time_to_accuracy(options, model, batch_size: int) -> tuple | None:
         policy.name,
         " (given)" if given_alloc else "", best.n_m,
         " (given)" if pipeline.n_m is not None else "", best.clock_distance,
-        " (given)" if wsp.distance_given else " (the strategy's, picked earlier)" if fixed_d
-        else "", picked.best.epochs, best.seconds_per_minibatch,
+        " (given)" if wsp.distance_given else "", picked.best.epochs, best.seconds_per_minibatch,
         "\n".join(" | ".join(row) for row in picked.rows()))
-    return plans
+    return plans, chosen

@@ -53,15 +53,15 @@ def describe(options, layout, mode, cluster=None, *, model_name: str = "",
     elif shares and options.splits_batches:
         lines.append(f"  every batch split over the VWs: shares {list(shares)}")
     lines.append(f"  N_m = {layout.n_m} ({_n_m_reason(options, layout)})")
-    picked = options.wsp.picks.allocation(layout.plans) if layout.plans else None
+    picked = layout.picked.allocation if layout.picked is not None else None
     if picked is not None:
         lines.append(f"  allocation: {picked.name} ({_PICKED} over "
                      f"{', '.join(_ALLOCATIONS)} where the cluster admits several VWs; pass "
                      "allocation= to choose)")
     if vws > 1:
         why = (f"; {_PICKED} over D = {', '.join(map(str, _DISTANCES))}; pass "
-               "clock_distance= to choose" if _d_picked(options) else "")
-        lines.append(f"  D = {options.wsp.clock_distance} (clock distance between the "
+               "clock_distance= to choose" if _d_picked(layout) else "")
+        lines.append(f"  D = {layout.clock_distance} (clock distance between the "
                      f"{vws} VWs{why}), parameters placed {options.wsp.placement.value}")
     lines.append(f"  schedule: {_schedule(options)}")
     lines.append(f"  compensation: {_compensation(options, layout)}")
@@ -72,9 +72,8 @@ _PICKED = ("picked with N_m by predicted time to accuracy in the cluster model "
            "(strategy/pick.py)")
 
 
-def _d_picked(options) -> bool:
-    wsp = options.wsp
-    return options.clock.virtual and not wsp.distance_given and wsp.picks.distance is not None
+def _d_picked(layout) -> bool:
+    return layout.picked is not None and layout.picked.clock_distance is not None
 
 
 def _cluster_lines(cluster) -> list[str]:
@@ -139,7 +138,7 @@ def _schedule(options) -> str:
 def _compensation(options, layout) -> str:
     chosen = options.compensation
     value, vws = chosen.value, max(len(layout.plans), 1)
-    d = options.wsp.clock_distance
+    d = layout.clock_distance
     default = (" (the default in HetSeq mode)"
                if options.data_parallel.mode is DataParallel.HETSEQ
                else " (the default where weights can be stale)")

@@ -109,7 +109,7 @@ def build_virtual_clock(options, job) -> VirtualCoordinator:
     """The virtual-clock executor of `job` (a `modes.Job`) under `options`."""
     model, program, plans, n_m = job.model, job.program, job.layout.plans, job.layout.n_m
     check_options(options, plans)
-    d = options.wsp.clock_distance
+    d = job.layout.clock_distance
     runs = [dataclasses.replace(p, stages=tuple(
         dataclasses.replace(s, emulated_speed_factor=1.0) for s in p.stages)) for p in plans]
     per_vw = [Stage.for_plan(p, program, model) for p in runs]

@@ -110,21 +110,17 @@ def test_no_attribute_of_the_extended_is_written_after_its_constructor(kwargs, m
 
 def test_the_options_record_whether_d_and_the_allocation_were_given():
     """Not given: D = 0 and allocation None as before, recorded as not given (a cluster
-    model's planner picks them); given, even 0, they are kept as given and never picked."""
+    model's planner picks them into the model's Layout); given, even 0, they are kept as
+    given."""
     cluster = _cluster()
     plain = HetPipeStrategy(cluster).options
     assert plain.wsp.clock_distance == 0 and not plain.wsp.distance_given
     assert plain.layout.allocation is None and not plain.layout.allocation_given
-    assert plain.wsp.picks.distance is None
     assert plain == StrategyOptions.parse(cluster)
     zero = HetPipeStrategy(cluster, clock_distance=0, allocation="ED").options
     assert zero.wsp.clock_distance == 0 and zero.wsp.distance_given
     assert zero.layout.allocation_given and zero.layout.allocation.name == "ED"
-    # A pick is recorded once and read as D; a given D ignores it.
-    assert plain.wsp.picks.settle_distance(4) == 4 and plain.wsp.clock_distance == 4
-    assert plain.wsp.picks.settle_distance(32) == 4 and plain.wsp.clock_distance == 4
-    zero.wsp.picks.settle_distance(32)
-    assert zero.wsp.clock_distance == 0
-    assert not plain.hetseq and plain == StrategyOptions.parse(cluster)   # compare=False
+    assert zero != plain   # a given 0 is not "not given"
+    assert not plain.hetseq
     with pytest.raises(ValueError, match="clock_distance"):
         HetPipeStrategy(cluster, clock_distance=-1)

@@ -194,8 +194,9 @@ def test_a_strategy_given_nothing_trains_at_the_joint_pick_of_its_cluster_model(
     assert best.clock_distance > 0   # this cluster model makes a larger D faster
     assert strategy.extended.clock_distance == best.clock_distance
     assert strategy.n_m == best.n_m and {p.n_m for p in strategy.plans} == {best.n_m}
-    picked = strategy.options.wsp.picks.allocation(strategy.plans)
-    assert picked is not None and picked.name == best.label
+    picked = strategy.extended.layout().picked
+    assert picked.allocation.name == best.label and picked.clock_distance == best.clock_distance
+    assert strategy.options.wsp.clock_distance == 0   # the options are not written to
     assert f"  allocation: {best.label} (picked with N_m" in printed
     assert f"  D = {best.clock_distance} (clock distance between the 2 VWs; picked" in printed
     assert np.isfinite(history.history["loss"][-1])

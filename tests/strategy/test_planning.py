@@ -175,7 +175,7 @@ def test_with_nothing_given_the_planner_picks_n_m_d_and_allocation_jointly(monke
     cluster = _two_types_on_two_hosts()
     options = StrategyOptions.parse(cluster, clock=clock)
     assert not options.wsp.distance_given and not options.layout.allocation_given
-    plans = planning.plan_layout(options, _compiled(), 8)
+    plans, picked = planning.plan_layout(options, _compiled(), 8)
     # Every admitted allocation (NP; ED; HD = ED's groups, once) x N_m 1..2 x D 0, 4, 32.
     assert sorted({c.label for c in seen}) == ["ED", "NP"]
     assert {(c.n_m, c.clock_distance) for c in seen} == {
@@ -186,15 +186,15 @@ def test_with_nothing_given_the_planner_picks_n_m_d_and_allocation_jointly(monke
     # the default compensation's model, so the pick is ED, D = 32, N_m = 1 (a tie in time
     # goes to less staleness).
     assert (best.label, best.clock_distance, best.n_m) == ("ED", 32, 1)
-    assert options.wsp.picks.distance == options.wsp.clock_distance == 32
-    assert options.wsp.picks.allocation(plans) is AllocationPolicy.ED
+    assert picked.clock_distance == 32 and picked.allocation is AllocationPolicy.ED
+    assert options.wsp.clock_distance == 0   # the options are not written to
     assert {p.n_m for p in plans} == {1}
     assert all({cluster.device(s.device).type_name for s in p.stages}
                == {"TITAN_V", "RTX_2060"} for p in plans)
-    # A second model of the strategy plans at the D picked for the first.
+    # Each model is picked for on its own: a second model's pick simulates every D again.
     seen.clear()
     planning.plan_layout(options, _compiled(), 8)
-    assert {c.clock_distance for c in seen} == {32}
+    assert {c.clock_distance for c in seen} == set(planning.PICK_DISTANCES)
 
 
 def test_given_values_are_kept_and_only_the_rest_is_picked(monkeypatch):
@@ -205,23 +205,23 @@ def test_given_values_are_kept_and_only_the_rest_is_picked(monkeypatch):
     cluster = _two_types_on_two_hosts()
     # D = 0 given: only D = 0 is simulated although D = 32 is faster in this model.
     given_d = StrategyOptions.parse(cluster, clock_distance=0, clock=_FakeClusterModel())
-    plans = planning.plan_layout(given_d, _compiled(), 8)
+    plans, picked = planning.plan_layout(given_d, _compiled(), 8)
     assert {c.clock_distance for c in seen} == {0} and {c.label for c in seen} == {"NP", "ED"}
-    assert given_d.wsp.clock_distance == 0 and given_d.wsp.picks.distance is None
-    assert given_d.wsp.picks.allocation(plans).name == "ED"
+    assert given_d.wsp.clock_distance == 0 and picked.clock_distance is None
+    assert picked.allocation.name == "ED"
     # NP given: kept although ED is faster in this model; D still picked.
     seen.clear()
     given_alloc = StrategyOptions.parse(cluster, allocation="NP", clock=_FakeClusterModel())
-    plans = planning.plan_layout(given_alloc, _compiled(), 8)
+    plans, picked = planning.plan_layout(given_alloc, _compiled(), 8)
     assert {c.label for c in seen} == {"NP"}
     assert [sorted(s.device for s in p.stages) for p in plans] == [
         ["host0/gpu0", "host0/gpu1"], ["host1/gpu0", "host1/gpu1"]]
-    assert given_alloc.wsp.clock_distance == 32
-    assert given_alloc.wsp.picks.allocation(plans) is None   # given, not picked
+    assert picked.clock_distance == 32
+    assert picked.allocation is None   # given, not picked
     # n_m given: the only N_m simulated.
     seen.clear()
     given_n = StrategyOptions.parse(cluster, n_m=2, clock=_FakeClusterModel())
-    plans = planning.plan_layout(given_n, _compiled(), 8)
+    plans, _ = planning.plan_layout(given_n, _compiled(), 8)
     assert {c.n_m for c in seen} == {2} and {p.n_m for p in plans} == {2}
 
 
@@ -232,7 +232,7 @@ def test_without_a_cluster_model_nothing_is_simulated_and_d_stays_zero(monkeypat
     monkeypatch.setattr(planning, "simulated_candidates",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("simulated")))
     options = StrategyOptions.parse(_two_types_on_two_hosts())
-    (plan,) = planning.plan_layout(options, _compiled(), 8)   # one VW of every device
+    (plan,), picked = planning.plan_layout(options, _compiled(), 8)   # one VW of every device
     assert plan.num_stages == 4
-    assert options.wsp.clock_distance == 0 and options.wsp.picks.distance is None
+    assert options.wsp.clock_distance == 0 and picked is None
     assert options.layout.allocation is None

@@ -9,7 +9,7 @@ import numpy as np
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.strategy import HetPipeStrategy, StageSpec, even_plan, manual_plan
 from hetpipe_tf.strategy.guards import StepLogs
-from hetpipe_tf.strategy.layout import Layout
+from hetpipe_tf.strategy.layout import Layout, Picked
 from hetpipe_tf.strategy.modes import (HetSeq, OneVirtualWorker, SynchronousPipeline,
                                        VirtualWorkers)
 from hetpipe_tf.strategy.options import StrategyOptions
@@ -53,7 +53,7 @@ def test_two_virtual_workers_planned_on_an_emulated_cluster():
     cluster = Cluster.local(["LOCAL_CPU", "LOCAL_CPU", "LOCAL_CPU", "TITAN_V"], hosts=2,
                             emulated_speed_factors=[1, 1, 1, 0.5])
     options = StrategyOptions.parse(cluster, clock_distance=1, compensation="none")
-    text = describe(options, Layout(_cluster_plans(cluster, 2), 2), VirtualWorkers(options),
+    text = describe(options, Layout(_cluster_plans(cluster, 2), 2, 1), VirtualWorkers(options),
                     cluster, model_name="skipnet", executor="Coordinator")
     assert text == "\n".join([
         HEAD + "VirtualWorkers (virtual workers under WSP through parameter servers; "
@@ -86,7 +86,7 @@ def test_the_n_m_of_a_cluster_model_is_named_as_the_pick():
                             emulated_speed_factors=[1, 1, 1, 0.5])
     options = StrategyOptions.parse(cluster, clock_distance=1, compensation="none",
                                     clock=VirtualClock(cluster))
-    text = describe(options, Layout(_cluster_plans(cluster, 2), 2), VirtualWorkers(options),
+    text = describe(options, Layout(_cluster_plans(cluster, 2), 2, 1), VirtualWorkers(options),
                     cluster, model_name="skipnet", executor="Coordinator")
     assert ("  N_m = 2 (picked by predicted time to accuracy in the cluster model: its "
             "simulated time per minibatch x the epochs local staleness costs "
@@ -272,17 +272,16 @@ def test_the_summary_names_d_and_the_allocation_the_planner_picked():
     # Nothing picked yet (or no VWs formed by the pick): today's lines.
     assert "  D = 0 (clock distance between the 2 VWs), parameters placed default" in before
     assert not any("allocation" in line for line in before)
-    options.wsp.picks.settle_distance(4)
-    options.wsp.picks.record_allocation(plans, AllocationPolicy.HD)
-    lines = describe(options, Layout(plans, 2), VirtualWorkers(options), cluster).splitlines()
+    made = Layout(plans, 2, 4, Picked(4, AllocationPolicy.HD))
+    lines = describe(options, made, VirtualWorkers(options), cluster).splitlines()
     picked = "picked with N_m by predicted time to accuracy in the cluster model (strategy/pick.py)"
     assert (f"  allocation: HD ({picked} over NP, ED, HD where the cluster admits several "
             "VWs; pass allocation= to choose)") in lines
     assert (f"  D = 4 (clock distance between the 2 VWs; {picked} over D = 0, 4, 32; pass "
             "clock_distance= to choose), parameters placed default") in lines
-    # A given D is named as given, whatever a pick recorded.
+    # A given D is named as given (the allocation alone picked).
     given = StrategyOptions.parse(cluster, clock_distance=2, compensation="none",
                                   clock=VirtualClock(cluster))
-    given.wsp.picks.settle_distance(4)
     assert "  D = 2 (clock distance between the 2 VWs), parameters placed default" in describe(
-        given, Layout(plans, 2), VirtualWorkers(given), cluster).splitlines()
+        given, Layout(plans, 2, 2, Picked(None, AllocationPolicy.HD)), VirtualWorkers(given),
+        cluster).splitlines()

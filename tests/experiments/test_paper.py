@@ -208,3 +208,15 @@ def test_main_prints_the_report(monkeypatch, capsys):
     monkeypatch.setattr(paper_goals, "report", lambda cache_dir=None: "REPORT")
     paper.main(["experiments.paper"])
     assert capsys.readouterr().out.strip() == "REPORT"
+
+
+def test_calibration_with_update_costs_scales_only_the_layer_times():
+    from hetpipe_tf.sim.calibration import with_update_costs
+    profile = with_update_costs(tiny_profile())
+    calibrated, factor = paper.calibrate(profile, 159.0)
+    # one TITAN V alone: factor x layer times + the plain SGD step = 32 / 159 s
+    assert single_device_samples_per_s(calibrated, "TITAN_V") == pytest.approx(159.0, rel=1e-9)
+    for a, b in zip(profile.layers, calibrated.layers):
+        assert b.update_s == a.update_s
+        for t in SPEED:
+            assert b.time_s[t] == pytest.approx(a.time_s[t] * factor)

@@ -220,3 +220,17 @@ def test_calibration_with_update_costs_scales_only_the_layer_times():
         assert b.update_s == a.update_s
         for t in SPEED:
             assert b.time_s[t] == pytest.approx(a.time_s[t] * factor)
+
+
+def test_scaling_bounds_are_the_slowest_stage_and_the_pipeline_fill():
+    r = simulate_scenario(tiny_profile(), paper.subcluster("VV", 1), "ED", "ed_local", n_m=2,
+                          num_waves=2)
+    layers, compute, receive, update, bound, fill = paper_goals.slowest_stage(r)
+    stages = r.plans[0].stages
+    totals = [s.compute_s + s.recv_forward_s + s.recv_backward_s + s.update_s for s in stages]
+    k = totals.index(max(totals))
+    assert layers == f"{stages[k].first}-{stages[k].last}"
+    assert compute + receive + update == pytest.approx(totals[k])
+    assert bound == pytest.approx(1 * 32 / totals[k])           # one VW of batch 32
+    assert fill == pytest.approx(2 * 32 / sum(totals))          # N_m = 2 in flight
+    assert r.samples_per_s <= min(bound, fill) * (1 + 1e-9)

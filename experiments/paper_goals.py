@@ -260,8 +260,8 @@ def horovod_implied_rows(cache_dir: str | None = None, setup: PaperSetup = PAPER
                          ) -> list[tuple[str, str, int, float, float, float, float]]:
     """Per Table 4 Horovod cell: (model, column, GPUs, model step s, paper step s, slowest
     GPU's compute s, ring-link GB/s the paper's step implies with no overlap). The last is
-    2 (n-1)/n x gradient bytes / (paper step - compute): what a ring link must have carried
-    if the paper's step were compute then all-reduce."""
+    2 (n-1)/n x gradient bytes / (paper step - compute - update): what a ring link must
+    have carried if the paper's step were compute, all-reduce, then the optimizer step."""
     from hetpipe_tf.sim.allreduce import horovod
     rows = []
     for m in ("vgg19", "resnet152"):
@@ -276,7 +276,7 @@ def horovod_implied_rows(cache_dir: str | None = None, setup: PaperSetup = PAPER
             n = len(h.devices)
             step_paper = n * hv_profile.batch_size / theirs
             compute = max(h.compute_s)
-            comm = step_paper - compute
+            comm = step_paper - compute - h.update_s
             rate = 2 * (n - 1) / n * grads / comm / 1e9 if comm > 0 else float("nan")
             rows.append((m, letters, n, h.step_s, step_paper, compute, rate))
     return rows

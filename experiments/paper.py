@@ -34,7 +34,7 @@ from experiments.paper_setup import (  # noqa: F401  (re-exported: paper.calibra
     BATCH_SIZE, CUDA_CONTEXT_BYTES, GIB, IB_FDR_ACHIEVED_BANDWIDTH, MIB, NCCL_SETUP,
     NOMINAL_SETUP, PAPER_SETUP, PAPER_TYPES, TF_GRPC_BANDWIDTH, WHAT_IF_SETUP, PaperSetup,
     backward_kept_bytes, tf112_gpu_memory_limit, with_kept_activations)
-from hetpipe_tf.sim.calibration import in_measured_order
+from hetpipe_tf.sim.calibration import in_measured_order, with_update_costs
 from hetpipe_tf.sim.scenario import ScenarioResult, simulate_scenario, single_device_samples_per_s
 
 LETTER_TYPE = {"V": "TITAN_V", "R": "TITAN_RTX", "G": "RTX_2060", "Q": "QUADRO_P4000"}
@@ -61,8 +61,8 @@ def paper_profile(model_name: str, cache_dir: str | None = None, *,
                   kept_activations: bool = False) -> tuple[ModelProfile, float]:
     """The calibrated profile of "vgg19" or "resnet152" and its calibration factor; with
     `kept_activations`, activation memory by the backward-pass rule (times unchanged)."""
-    profile, factor = calibrate(in_measured_order(estimated_profile(model_name, cache_dir)),
-                                SINGLE_GPU[model_name])
+    profile, factor = calibrate(with_update_costs(in_measured_order(
+        estimated_profile(model_name, cache_dir))), SINGLE_GPU[model_name])
     if kept_activations:
         profile = with_kept_activations(profile, kept_activation_bytes(model_name, cache_dir))
     return profile, factor

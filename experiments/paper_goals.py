@@ -20,7 +20,7 @@ from typing import Sequence
 
 from hetpipe_tf.cluster.spec import Cluster
 from hetpipe_tf.partitioner.plan import PartitionError
-from hetpipe_tf.sim.scenario import simulate_scenario
+from hetpipe_tf.sim.scenario import ScenarioResult, simulate_scenario
 from experiments import paper
 from experiments.paper_setup import PAPER_SETUP, PaperSetup
 
@@ -157,10 +157,12 @@ def _ed_by_host(cluster: Cluster) -> tuple:
     return tuple(tuple(h.devices[i] for h in cluster.hosts) for i in range(n))
 
 
-def scaling_rows(cache_dir: str | None = None, model: str = "vgg19",
-                 hosts: Sequence[int] = SCALING_HOSTS, num_waves: int = 10,
-                 setup: PaperSetup = PAPER_SETUP) -> list[tuple[int, float, float, int]]:
-    """(hosts, Horovod samples/s, ED-local samples/s, N_m) on hosts of 4 TITAN V."""
+def scaling_results(cache_dir: str | None = None, model: str = "vgg19",
+                    hosts: Sequence[int] = SCALING_HOSTS, num_waves: int = 10,
+                    setup: PaperSetup = PAPER_SETUP, n_m: int | None = None
+                    ) -> list[tuple[int, ScenarioResult]]:
+    """(hosts, run) on hosts of 4 TITAN V: ED-local with VW i = GPU i of every host;
+    N_m = `n_m`, or the report's rule below when None."""
     profile, hv_profile, _ = paper._profiles(model, cache_dir, setup)
     out = []
     for h in hosts:
@@ -169,15 +171,40 @@ def scaling_rows(cache_dir: str | None = None, model: str = "vgg19",
         # h stages with one spare minibatch, at most Table 4's 5 per VW (memory: deeper
         # pipelines hold more versions on the FC stage); 1 when one GPU holds the model
         try:
-            r = simulate_scenario(profile, cluster, "ED", "ed_local", n_m=min(h + 1, 5),
+            r = simulate_scenario(profile, cluster, "ED", "ed_local",
+                                  n_m=n_m if n_m is not None else min(h + 1, 5),
                                   virtual_workers=vws, **_kw(setup, hv_profile, num_waves))
         except PartitionError:
-            if h > 1:
+            if h > 1 or n_m is not None:
                 raise
             r = simulate_scenario(profile, cluster, "ED", "ed_local", n_m=1,
                                   virtual_workers=vws, **_kw(setup, hv_profile, num_waves))
-        out.append((h, r.horovod.samples_per_s, r.samples_per_s, r.n_m))
+        out.append((h, r))
     return out
+
+
+def scaling_rows(cache_dir: str | None = None, model: str = "vgg19",
+                 hosts: Sequence[int] = SCALING_HOSTS, num_waves: int = 10,
+                 setup: PaperSetup = PAPER_SETUP) -> list[tuple[int, float, float, int]]:
+    """(hosts, Horovod samples/s, ED-local samples/s, N_m) on hosts of 4 TITAN V."""
+    return [(h, r.horovod.samples_per_s, r.samples_per_s, r.n_m)
+            for h, r in scaling_results(cache_dir, model, hosts, num_waves, setup)]
+
+
+def slowest_stage(r: ScenarioResult) -> tuple[str, float, float, float, float, float]:
+    """What bounds an ED-local run, from VW 0's plan (seconds per minibatch): (the slowest
+    stage's layers "a-b", its compute, activations received, update, the bound
+    VWs x batch / that stage's total, and the fill bound VWs x N_m x batch / the sum of
+    every stage's total: a minibatch passes every stage once, N_m are in flight)."""
+    plan = r.plans[0]
+
+    def total(x) -> float:
+        return x.compute_s + x.recv_forward_s + x.recv_backward_s + x.update_s
+    s = max(plan.stages, key=total)
+    samples = len(r.plans) * plan.batch_size
+    return (f"{s.first}-{s.last}", s.compute_s, s.recv_forward_s + s.recv_backward_s,
+            s.update_s, samples / total(s),
+            samples * r.n_m / sum(total(x) for x in plan.stages))
 
 
 # ResNet-152 stops at 8 hosts: planning a 16-stage ResNet-152 pipeline takes over 10
@@ -186,13 +213,29 @@ SCALING_HOSTS_BY_MODEL = {"vgg19": SCALING_HOSTS, "resnet152": (1, 2, 4, 8)}
 
 
 def scaling_text(cache_dir: str | None = None, setup: PaperSetup = PAPER_SETUP) -> str:
+    """Each row with what bounds it: Horovod's step (compute, ring, update) and ED-local's
+    slowest stage (VW 0; compute, activations received, update) and its bound."""
     lines = []
     for m in ("vgg19", "resnet152"):
-        rows = scaling_rows(cache_dir, m, hosts=SCALING_HOSTS_BY_MODEL[m], setup=setup)
+        results = scaling_results(cache_dir, m, hosts=SCALING_HOSTS_BY_MODEL[m], setup=setup)
         lines.append(f"{paper.MODEL_TITLES[m]}, hosts of 4 TITAN V: {'hosts':>5} "
-                     f"{'Horovod':>8} {'ED-local':>8} {'N_m':>4}")
-        for h, hv, hp, n_m in rows:
-            lines.append(f"{'':36}{h:5} {hv:8.0f} {hp:8.0f} {n_m:4}")
+                     f"{'Horovod':>8} {'step ms = compute + ring + update':>34} "
+                     f"{'ED-local':>8} {'N_m':>4} {'VWs x stages':>12} "
+                     f"{'slowest stage: layers, compute + receive + update ms':>52} "
+                     f"{'bound':>6} {'fill':>6}")
+        for h, r in results:
+            hv = r.horovod
+            comp = max(hv.compute_s) if hv.compute_s else 0.0
+            ring = hv.step_s - comp - hv.update_s
+            layers, c, rcv, upd, bound, fill = slowest_stage(r)
+            lines.append(
+                f"{'':36}{h:5} {hv.samples_per_s:8.0f} "
+                f"{f'{hv.step_s * 1e3:.0f} = {comp * 1e3:.0f} + {ring * 1e3:.0f} + {hv.update_s * 1e3:.1f}':>34} "
+                f"{r.samples_per_s:8.0f} {r.n_m:4} "
+                f"{f'{len(r.plans)} x {r.plans[0].num_stages}':>12} "
+                f"{f'{layers}, {c * 1e3:.1f} + {rcv * 1e3:.1f} + {upd * 1e3:.1f}':>52} "
+                f"{bound:6.0f} {fill:6.0f}")
+        rows = [(h, r.horovod.samples_per_s, r.samples_per_s) for h, r in results]
         mono = [all(b[k] >= a[k] for a, b in zip(rows, rows[1:])) for k in (1, 2)]
         lines.append(f"  monotone: Horovod {'yes' if mono[0] else 'NO'}, ED-local "
                      f"{'yes' if mono[1] else 'NO'}")
@@ -217,8 +260,8 @@ def horovod_implied_rows(cache_dir: str | None = None, setup: PaperSetup = PAPER
                          ) -> list[tuple[str, str, int, float, float, float, float]]:
     """Per Table 4 Horovod cell: (model, column, GPUs, model step s, paper step s, slowest
     GPU's compute s, ring-link GB/s the paper's step implies with no overlap). The last is
-    2 (n-1)/n x gradient bytes / (paper step - compute): what a ring link must have carried
-    if the paper's step were compute then all-reduce."""
+    2 (n-1)/n x gradient bytes / (paper step - compute - update): what a ring link must
+    have carried if the paper's step were compute, all-reduce, then the optimizer step."""
     from hetpipe_tf.sim.allreduce import horovod
     rows = []
     for m in ("vgg19", "resnet152"):
@@ -233,7 +276,7 @@ def horovod_implied_rows(cache_dir: str | None = None, setup: PaperSetup = PAPER
             n = len(h.devices)
             step_paper = n * hv_profile.batch_size / theirs
             compute = max(h.compute_s)
-            comm = step_paper - compute
+            comm = step_paper - compute - h.update_s
             rate = 2 * (n - 1) / n * grads / comm / 1e9 if comm > 0 else float("nan")
             rows.append((m, letters, n, h.step_s, step_paper, compute, rate))
     return rows

@@ -20,6 +20,7 @@ from hetpipe_tf.cluster.spec import INFINIBAND_56G_BANDWIDTH, PCIE3_X16_BANDWIDT
 from hetpipe_tf.partitioner.comm import DEFAULT_INTRA_SCALE
 from hetpipe_tf.partitioner.profile import ModelProfile
 from hetpipe_tf.sim.allreduce import HOROVOD_CPU, HorovodConfig
+from hetpipe_tf.sim.calibration import plain_update_s, without_update_costs
 from hetpipe_tf.sim.scenario import single_device_samples_per_s
 from hetpipe_tf.sim.network import (IB_FDR_ACHIEVED_BANDWIDTH, TF_GRPC_STREAM_BANDWIDTH,
                                     NetworkConfig)
@@ -229,11 +230,24 @@ def scale_times(profile: ModelProfile, factor: float) -> ModelProfile:
 
 def calibration_factor(profile: ModelProfile, single_gpu_samples_per_s: float,
                        device_type: str = "TITAN_V") -> float:
-    """The factor that makes one `device_type` alone simulate `single_gpu_samples_per_s`."""
+    """The factor on layer times that makes one `device_type` alone simulate
+    `single_gpu_samples_per_s`. A minibatch on one GPU takes factor x its layer times +
+    its plain update (`single_device_samples_per_s`), so the factor is the step's compute
+    part over the layer times; the update is not scaled."""
     if single_gpu_samples_per_s <= 0:
         raise ValueError(f"single_gpu_samples_per_s must be > 0. Received: "
                          f"{single_gpu_samples_per_s!r}.")
-    return single_device_samples_per_s(profile, device_type) / single_gpu_samples_per_s
+    if not profile.update_optimizer:
+        return single_device_samples_per_s(profile, device_type) / single_gpu_samples_per_s
+    step = profile.batch_size / single_gpu_samples_per_s
+    update = plain_update_s(profile, device_type)
+    if update >= step:
+        raise ValueError(f"The update alone is slower than the single-GPU figure. Received: "
+                         f"update {update:.4f} s >= step {step:.4f} s on {device_type}; "
+                         "check the profile's update_s.")
+    layers = profile.batch_size / single_device_samples_per_s(without_update_costs(profile),
+                                                              device_type)
+    return (step - update) / layers
 
 
 def calibrate(profile: ModelProfile, single_gpu_samples_per_s: float,

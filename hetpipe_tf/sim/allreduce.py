@@ -27,6 +27,9 @@ links carries 2 (n-1)/n x gradient_bytes; the ring crosses hosts h times.
 Memory: the partitioner's cost model for one stage holding the whole model with N_m = 1,
 plus Horovod's fusion buffer when there is more than one GPU.
 Layer times split 1/3 forward, 2/3 backward (the profiler's 3x rule, as in sim/model.py).
+Update: a profile that costs updates (`update_optimizer`) adds, after the all-reduce, the
+slowest GPU's plain optimizer step (`calibration.plain_update_s`, no weight-version copy):
+    step += max over GPUs of plain_update_s
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any, Sequence
 
 from hetpipe_tf.cluster.spec import Cluster, Device
 from hetpipe_tf.partitioner.cost import CostModel
+from hetpipe_tf.sim.calibration import plain_update_s
 
 MIB = 2**20
 # Horovod's defaults up to v0.20 (2019-2020); v0.21.0 changed them to 128 MB and 1 ms
@@ -123,6 +127,7 @@ class AllReduceResult:
     bytes_inter_host: int             # per step
     bytes_intra_host: int
     ring_bandwidth: float = 0.0       # bytes/s of the slowest ring link (0: one GPU)
+    update_s: float = 0.0             # the optimizer step after the all-reduce (in step_s)
 
     @property
     def samples_per_s(self) -> float:
@@ -264,20 +269,23 @@ def horovod(profile: Any, devices: Sequence[Device | str], cluster: Cluster, *,
             excluded.append(d.name)
             continue
         used.append(d)
-        times.append(cm.layer_time(d))
+        times.append(cm.layer_compute_time(d))   # the update comes after the ring
     grads = [int(l.trainable_param_bytes) for l in profile.layers]
     hosts = [d.host for d in used]
     names = [d.name for d in used]
+    update = (max(plain_update_s(profile, d.type_name) for d in used)
+              if used and profile.update_optimizer else 0.0)
     if config is None:
-        return data_parallel([float(t.sum()) for t in times], hosts, sum(grads), cluster,
-                             profile.batch_size, names=names, intra_scale=intra_scale,
-                             excluded=excluded)
+        r = data_parallel([float(t.sum()) for t in times], hosts, sum(grads), cluster,
+                          profile.batch_size, names=names, intra_scale=intra_scale,
+                          excluded=excluded)
+        return dataclasses.replace(r, step_s=r.step_s + update, update_s=update)
     n = len(used)
     bw = _ring_bandwidth(hosts, cluster, intra_scale, config)
     step, busy = horovod_step([list(map(float, t)) for t in times], grads, bw, config)
     inter, intra = _bytes(n, hosts, sum(grads))
     return AllReduceResult(devices=tuple(names), excluded=tuple(excluded),
                            compute_s=tuple(float(t.sum()) for t in times), allreduce_s=busy,
-                           step_s=step, batch_size=profile.batch_size,
+                           step_s=step + update, batch_size=profile.batch_size,
                            bytes_inter_host=inter, bytes_intra_host=intra,
-                           ring_bandwidth=bw if n > 1 else 0.0)
+                           ring_bandwidth=bw if n > 1 else 0.0, update_s=update)

@@ -26,6 +26,7 @@ from hetpipe_tf.partitioner.milp import plan_virtual_workers
 from hetpipe_tf.partitioner.plan import Plan
 from hetpipe_tf.ps.placement import PlacementPolicy, place_parameters, traffic
 from hetpipe_tf.sim.allreduce import AllReduceResult, HorovodConfig, horovod
+from hetpipe_tf.sim.calibration import plain_update_s, without_update_costs
 from hetpipe_tf.sim.engine import simulate
 from hetpipe_tf.sim.model import SimConfig, from_plan, stage_update_times
 from hetpipe_tf.sim.network import NetworkConfig
@@ -196,11 +197,15 @@ def simulate_scenario(profile: Any, cluster: Cluster, policy: AllocationPolicy |
 
 def single_device_samples_per_s(profile: Any, device_type: str, num_waves: int = 4) -> float:
     """Simulated samples/s of one `device_type` alone (one VW of one device, N_m = 1, no
-    parameter server): the reference the paper's "Single GPU" column is compared with."""
+    parameter server): the reference the paper's "Single GPU" column is compared with.
+    A profile that costs updates (`update_optimizer`) is charged one plain SGD step per
+    minibatch (`calibration.plain_update_s`: no weight-version copy on a single GPU)."""
+    update = plain_update_s(profile, device_type) if profile.update_optimizer else 0.0
+    profile = without_update_costs(profile)
     host = Host(name="h0", devices=(Device(name="h0/gpu0", type_name=device_type, host="h0",
                                            tf_device="/device:GPU:0"),),
                 intra_bandwidth=15.75e9)
     cluster = Cluster(hosts=(host,), inter_bandwidth=7e9)
     (plan,) = plan_virtual_workers(profile, [cluster.devices], cluster=cluster, n_m=1)
-    vw = from_plan(plan, cluster, name="single")
+    vw = from_plan(plan, cluster, name="single", update_s=[update])
     return simulate([vw], SimConfig(n_m=1, num_waves=num_waves), cluster).samples_per_s

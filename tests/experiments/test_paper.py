@@ -208,3 +208,29 @@ def test_main_prints_the_report(monkeypatch, capsys):
     monkeypatch.setattr(paper_goals, "report", lambda cache_dir=None: "REPORT")
     paper.main(["experiments.paper"])
     assert capsys.readouterr().out.strip() == "REPORT"
+
+
+def test_calibration_with_update_costs_scales_only_the_layer_times():
+    from hetpipe_tf.sim.calibration import with_update_costs
+    profile = with_update_costs(tiny_profile())
+    calibrated, factor = paper.calibrate(profile, 159.0)
+    # one TITAN V alone: factor x layer times + the plain SGD step = 32 / 159 s
+    assert single_device_samples_per_s(calibrated, "TITAN_V") == pytest.approx(159.0, rel=1e-9)
+    for a, b in zip(profile.layers, calibrated.layers):
+        assert b.update_s == a.update_s
+        for t in SPEED:
+            assert b.time_s[t] == pytest.approx(a.time_s[t] * factor)
+
+
+def test_scaling_bounds_are_the_slowest_stage_and_the_pipeline_fill():
+    r = simulate_scenario(tiny_profile(), paper.subcluster("VV", 1), "ED", "ed_local", n_m=2,
+                          num_waves=2)
+    layers, compute, receive, update, bound, fill = paper_goals.slowest_stage(r)
+    stages = r.plans[0].stages
+    totals = [s.compute_s + s.recv_forward_s + s.recv_backward_s + s.update_s for s in stages]
+    k = totals.index(max(totals))
+    assert layers == f"{stages[k].first}-{stages[k].last}"
+    assert compute + receive + update == pytest.approx(totals[k])
+    assert bound == pytest.approx(1 * 32 / totals[k])           # one VW of batch 32
+    assert fill == pytest.approx(2 * 32 / sum(totals))          # N_m = 2 in flight
+    assert r.samples_per_s <= min(bound, fill) * (1 + 1e-9)

@@ -132,7 +132,8 @@ def test_gpt2_causal_lm_trains_with_two_virtual_workers():
     model.fit(x, y, batch_size=8, epochs=5, shuffle=False, verbose=0)
     after = model.evaluate(x, y, batch_size=16, verbose=0)[0]
     assert [bool(s.borrowed) for s in strategy.pipeline(model, 1).stages] == [False, True]
-    # Which VW's push lands first varies run to run: 4.16 -> 2.39-2.74 in 3 runs (at 3
-    # epochs 3.14-3.72, too close to a bound), so the bound leaves room for that spread.
-    assert after < before - 1.0, (before, after)
+    # Which VW's push lands first varies run to run: 4.16 -> 2.39-2.74 in 3 runs on an idle
+    # machine, 3.16 beside a full suite and 3 other jobs on 2 cores (at 3 epochs 3.14-3.72),
+    # so the bound leaves room for that spread; a model that does not learn stays at 4.16.
+    assert after < before - 0.5, (before, after)
     strategy.close()

@@ -69,6 +69,9 @@ class StageWeights:
         self._counter = counter
         self._versions: dict[int, tuple[int, tuple, tuple]] = {}
         self._lock = threading.Lock()
+        # Held across a write of w_local that runs outside `_lock` (`apply_with`: the
+        # stage's whole task) and across `rebase`, so they never run at once.
+        self._write_lock = threading.Lock()
         self.applied = 0
         # With N_m > 1 a younger version shares a variable's buffer when it is updated:
         # write by value (copy-on-write would copy, then update). With N_m = 1 no version
@@ -179,6 +182,28 @@ class StageWeights:
             self.applied = q
             self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
 
+    @property
+    def applies_with_task(self) -> bool:
+        """Whether `apply_with` may run this stage's update inside its task's call: no
+        predictor (it keeps a d per update) and no emulated slowdown (the update's sleep
+        is its own)."""
+        return self.predictor is None and self.emulated_speed_factor >= 1.0
+
+    def apply_with(self, q: int, run):
+        """`apply(q, ...)` where `run()` computes u_q and applies it in one call (the only
+        stage's task, `Stage.forward_backward_apply`) and returns (result, trainable
+        version, non-trainable version); returns `result`. Call on the stage's thread."""
+        with self._write_lock:
+            with self._lock:
+                if q != self.applied + 1:
+                    raise RuntimeError(f"Updates must be applied in order: got {q} after "
+                                       f"{self.applied}.")
+            result, t, n = run()
+            with self._lock:
+                self.applied = q
+                self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
+        return result
+
     def state_after(self, q: int) -> tuple[tuple, tuple]:
         with self._lock:
             _, t, n = self._versions[q + self._n_m]
@@ -200,7 +225,7 @@ class StageWeights:
 
     def rebase(self, q: int, trainable: Sequence, non_trainable: Sequence) -> None:
         """Make w_local as of update q equal the given values, keeping later updates."""
-        with self._lock:
+        with self._write_lock, self._lock:
             last, t_old, n_old = self._versions[q + self._n_m]
             # Versions after q already taken: they move too.
             later = [p for p in self._versions if p > q + self._n_m]
@@ -259,6 +284,13 @@ class WeightVersions:
         self.stages[j].apply(q, grads, deltas)
         with self._cond:
             self._cond.notify_all()
+
+    def apply_with(self, j: int, q: int, run):
+        """`StageWeights.apply_with` of stage j; returns what `run` computed."""
+        result = self.stages[j].apply_with(q, run)
+        with self._cond:
+            self._cond.notify_all()
+        return result
 
     def wait_applied(self, q: int, stop=lambda: False) -> bool:
         """Block until every stage applied update q (False if `stop()` became true)."""

@@ -120,8 +120,6 @@ class Stage:
         self._fwd_bwd_metrics_fn = None   # built for the first metrics function given
         self._metrics = None
         self._micro_fn = None      # forward_backward_scaled's, built for its metrics function
-        self._fwd_bwd_apply_fn = None   # forward_backward_apply's, built for its weights
-        self._applier = None
         self._micro_metrics = None
         self.emulated_sleep_s = 0.0  # total time slept for emulation (labelled as such)
         self._one = None   # the extra loss's output gradient (a float32 scalar 1)
@@ -302,34 +300,6 @@ class Stage:
             in_grads = self._spread(self._grad_mask(inputs), ig)
         self._emulate(t0)
         return wg, in_grads, loss, outputs, deltas, logs
-
-    def _fwd_bwd_apply_impl(self, tvals, vvals, svals, inputs, y, sample_weight):
-        wg, _, loss, outputs, deltas, new_s = self._fwd_bwd(tvals, vvals, svals, inputs, y,
-                                                            sample_weight)
-        self._applier.update_ops(wg, deltas)
-        # The new version, read after the updates (automatic control dependencies order a
-        # read after the writes to the same variable before it), as StageWeights.apply.
-        t, n = self._applier.read_ops()
-        return loss, outputs, new_s, t, n
-
-    def forward_backward_apply(self, weights, tvals, vvals, inputs, y, sample_weight):
-        """The only stage's task and its update in one compiled call (one remote call, not
-        two): forward, loss and backward as `forward_backward`, then `weights.update_ops`
-        on the gradients and deltas and the new version (`weights.read_ops`), as
-        `StageWeights.apply`. `weights`: this stage's StageWeights, without a predictor.
-        Returns (loss, outputs, trainable version, non-trainable version)."""
-        t0 = time.perf_counter()
-        with tf.device(self.device):
-            if self._applier is not weights:   # traced with these weights
-                self._applier = weights
-                self._fwd_bwd_apply_fn = compiled_method(self._fwd_bwd_apply_impl,
-                                                         reduce_retracing=True)
-            loss, outputs, new_s, t, n = self._fwd_bwd_apply_fn(
-                list(tvals), list(vvals), self._read_sequential(), list(inputs), y,
-                sample_weight)
-            self._write_sequential(new_s)
-        self._emulate(t0)
-        return loss, outputs, t, n
 
     def train_ops(self, tvals, vvals, inputs, y, sample_weight, metrics):
         """A one-stage model's whole minibatch as ops for the caller's graph (the in-graph

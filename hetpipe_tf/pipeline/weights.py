@@ -69,8 +69,8 @@ class StageWeights:
         self._counter = counter
         self._versions: dict[int, tuple[int, tuple, tuple]] = {}
         self._lock = threading.Lock()
-        # Held across a write of w_local that runs outside `_lock` (`apply_with`: the
-        # stage's whole task) and across `rebase`, so they never run at once.
+        # Held across a write of w_local that runs outside `_lock` (`apply_in_task`:
+        # the stage's whole task) and across `rebase`, so they never run at once.
         self._write_lock = threading.Lock()
         self.applied = 0
         # With N_m > 1 a younger version shares a variable's buffer when it is updated:
@@ -82,6 +82,8 @@ class StageWeights:
         self._apply_fn = compiled_method(self._apply_impl, reduce_retracing=True)
         self._read_fn = compiled_method(self.read_ops)
         self._rebase_fn = compiled_method(self._rebase_impl, reduce_retracing=True)
+        self._task_stage = None   # apply_in_task's stage and call, made when first needed
+        self._task_apply_fn = None
         # Compensation (off: None, and nothing below runs): d as of each version.
         self.predictor = predictor
         self._d_of: dict[int, list] = {}
@@ -183,26 +185,41 @@ class StageWeights:
             self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
 
     @property
-    def applies_with_task(self) -> bool:
-        """Whether `apply_with` may run this stage's update inside its task's call: no
+    def applies_in_task(self) -> bool:
+        """Whether `apply_in_task` may run this stage's update inside its task's call: no
         predictor (it keeps a d per update) and no emulated slowdown (the update's sleep
         is its own)."""
         return self.predictor is None and self.emulated_speed_factor >= 1.0
 
-    def apply_with(self, q: int, run):
-        """`apply(q, ...)` where `run()` computes u_q and applies it in one call (the only
-        stage's task, `Stage.forward_backward_apply`) and returns (result, trainable
-        version, non-trainable version); returns `result`. Call on the stage's thread."""
+    def _task_apply_impl(self, tvals, vvals, inputs, y, sample_weight):
+        wg, deltas, (loss, y_pred) = self._task_stage.train_ops(
+            tvals, vvals, inputs, y, sample_weight, _loss_and_outputs)
+        self.update_ops(wg, deltas)
+        t, n = self.read_ops()   # after the updates, as in _apply_impl
+        return loss, y_pred, t, n
+
+    def apply_in_task(self, q: int, stage, tvals: Sequence, vvals: Sequence,
+                      inputs: Sequence, y, sample_weight) -> tuple:
+        """The only stage's task of minibatch q and u_q in one compiled call (one remote
+        call, not two): `stage.train_ops` (forward, loss, backward), then w_local += u_q
+        and the version of q + N_m, as `Stage.forward_backward` followed by `apply`.
+        Returns (loss, y_pred). Call on the stage's thread."""
         with self._write_lock:
             with self._lock:
                 if q != self.applied + 1:
                     raise RuntimeError(f"Updates must be applied in order: got {q} after "
                                        f"{self.applied}.")
-            result, t, n = run()
+            if self._task_stage is not stage:   # traced with this stage
+                self._task_stage = stage
+                self._task_apply_fn = compiled_method(self._task_apply_impl,
+                                                      reduce_retracing=True)
+            with tf.device(self.device):
+                loss, y_pred, t, n = self._task_apply_fn(list(tvals), list(vvals),
+                                                         list(inputs), y, sample_weight)
             with self._lock:
                 self.applied = q
                 self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
-        return result
+        return loss, y_pred
 
     def state_after(self, q: int) -> tuple[tuple, tuple]:
         with self._lock:
@@ -285,9 +302,9 @@ class WeightVersions:
         with self._cond:
             self._cond.notify_all()
 
-    def apply_with(self, j: int, q: int, run):
-        """`StageWeights.apply_with` of stage j; returns what `run` computed."""
-        result = self.stages[j].apply_with(q, run)
+    def apply_in_task(self, q: int, stage, *args) -> tuple:
+        """`StageWeights.apply_in_task` of the only stage (`stage`); (loss, y_pred)."""
+        result = self.stages[0].apply_in_task(q, stage, *args)
         with self._cond:
             self._cond.notify_all()
         return result
@@ -316,3 +333,9 @@ class WeightVersions:
         for s in self.stages:
             s.rebase(q, [values[id(v)] for v in s.trainable],
                      [values[id(v)] for v in s.non_trainable])
+
+
+def _loss_and_outputs(total, y, y_pred, sample_weight):
+    """`Stage.train_ops`' metrics function for `apply_in_task`: the loss and y_pred, for
+    the metrics update the runtime makes after the call."""
+    return total, y_pred

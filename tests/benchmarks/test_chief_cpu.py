@@ -75,7 +75,7 @@ def test_the_chiefs_calls_every_minibatch_of_two_vws():
         "compiled __inference_multi_step_on_iterator @ guards.py train_function",
         "eager op OptionalHasValue @ guards.py train_function",
         "eager op OptionalGetValue @ guards.py train_function",
-        "compiled __inference_function @ stage.py forward_backward_apply",
+        "compiled __inference_function @ weights.py apply_in_task",
         "compiled __inference_update_with_masks @ build.py update_metrics",
         "host read numpy @ transport.py <dictcomp>",
         "compiled __inference_function @ server.py push",

@@ -119,7 +119,7 @@ def test_a_split_batchs_scaled_gradients_stay_on_their_stages_device():
 def _apply_paths(n_m: int, optimizer, steps: int = 4) -> list[tuple[list, list]]:
     """[(losses, final w_local and optimizer state)] of VW 0's only stage over `steps`
     minibatches from the same state, its update a call of its own (`forward_backward`
-    then `apply`) and inside the task's call (`forward_backward_apply`)."""
+    then `apply`) and inside the task's call (`StageWeights.apply_in_task`)."""
     import keras
 
     from hetpipe_tf.strategy import HetPipeStrategy, even_plan
@@ -135,7 +135,7 @@ def _apply_paths(n_m: int, optimizer, steps: int = 4) -> list[tuple[list, list]]
     model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)   # builds the runtimes
     rt = strategy.coordinator(model).runtimes[0]
     stage, weights = rt.stages[0], rt.versions.stages[0]
-    assert rt._applies_with_task(type("Mb", (), {"loss_scale": None})())
+    assert rt._applies_in_task(type("Mb", (), {"loss_scale": None})())
     state = [*weights.variables, *weights.optimizer.variables, model.optimizer.iterations]
     start = [v.numpy() for v in state]
     first = weights.applied
@@ -151,11 +151,9 @@ def _apply_paths(n_m: int, optimizer, steps: int = 4) -> list[tuple[list, list]]
             inputs = stage.program.model_inputs(tf.constant(x[8 * k:8 * k + 8]))
             yb = tf.constant(y[8 * k:8 * k + 8])
             if fused:
-                def run(t=t, n=n, inputs=inputs, yb=yb):
-                    loss, _, t2, n2 = stage.forward_backward_apply(weights, t, n, inputs,
-                                                                   yb, None)
-                    return loss, t2, n2
-                losses.append(weights.apply_with(p, run).numpy())
+                loss, _ = weights.apply_in_task(p, stage, t, n, inputs, yb, None)
+                del t, n
+                losses.append(loss.numpy())
             else:
                 wg, _, loss, _, deltas, _ = stage.forward_backward(t, n, inputs, yb, None)
                 del t, n
@@ -172,7 +170,7 @@ import pytest  # noqa: E402
 @pytest.mark.parametrize("n_m,opt", [(1, "adam"), (2, "sgd"), (2, "adam")])
 def test_the_only_stages_update_inside_its_task_is_the_separate_update_bit_for_bit(n_m, opt):
     """With several VWs a one-stage VW applies u_p inside its task's compiled call
-    (`Stage.forward_backward_apply`, one remote call a minibatch less in a cluster job):
+    (`StageWeights.apply_in_task`, one remote call a minibatch less in a cluster job):
     the losses, w_local and the optimizer's state equal those of the task and the update
     as two calls, bit for bit."""
     import keras

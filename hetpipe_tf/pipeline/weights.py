@@ -27,9 +27,10 @@ import threading
 import time
 from typing import Sequence
 
+import keras
 import tensorflow as tf
 
-from hetpipe_tf._shim import keras_optimizer
+from hetpipe_tf._shim import keras_graph, keras_optimizer
 from hetpipe_tf.pipeline import transport
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.emulation import emulate_slowdown
@@ -192,11 +193,11 @@ class StageWeights:
         return self.predictor is None and self.emulated_speed_factor >= 1.0
 
     def _task_apply_impl(self, tvals, vvals, inputs, y, sample_weight):
-        wg, deltas, (loss, y_pred) = self._task_stage.train_ops(
+        wg, deltas, (loss, y_pred, masks) = self._task_stage.train_ops(
             tvals, vvals, inputs, y, sample_weight, _loss_and_outputs)
         self.update_ops(wg, deltas)
         t, n = self.read_ops()   # after the updates, as in _apply_impl
-        return loss, y_pred, t, n
+        return loss, y_pred, masks, t, n
 
     def apply_in_task(self, q: int, stage, tvals: Sequence, vvals: Sequence,
                       inputs: Sequence, y, sample_weight) -> tuple:
@@ -214,8 +215,11 @@ class StageWeights:
                 self._task_apply_fn = compiled_method(self._task_apply_impl,
                                                       reduce_retracing=True)
             with tf.device(self.device):
-                loss, y_pred, t, n = self._task_apply_fn(list(tvals), list(vvals),
-                                                         list(inputs), y, sample_weight)
+                loss, y_pred, masks, t, n = self._task_apply_fn(
+                    list(tvals), list(vvals), list(inputs), y, sample_weight)
+            for x, m in zip(keras.tree.flatten(y_pred), masks):
+                if m is not None:   # Keras masks do not cross a call's boundary
+                    keras_graph.set_keras_mask(x, m)
             with self._lock:
                 self.applied = q
                 self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
@@ -336,6 +340,7 @@ class WeightVersions:
 
 
 def _loss_and_outputs(total, y, y_pred, sample_weight):
-    """`Stage.train_ops`' metrics function for `apply_in_task`: the loss and y_pred, for
-    the metrics update the runtime makes after the call."""
-    return total, y_pred
+    """`Stage.train_ops`' metrics function for `apply_in_task`: the loss, y_pred and its
+    Keras masks (attached again after the call), for the metrics update the runtime makes
+    after the call."""
+    return total, y_pred, [keras_graph.keras_mask(x) for x in keras.tree.flatten(y_pred)]

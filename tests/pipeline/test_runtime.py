@@ -183,3 +183,37 @@ def test_the_only_stages_update_inside_its_task_is_the_separate_update_bit_for_b
     assert len(state_a) == len(state_b) > 0
     for a, b in zip(state_a, state_b):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_task_and_update_call_hands_the_metrics_y_pred_with_its_keras_mask():
+    """y_pred's Keras masks do not cross a compiled call's boundary: `apply_in_task` attaches
+    them again, so that the metrics weigh masked steps out as after `forward_backward`."""
+    import keras
+    import numpy as np
+
+    from hetpipe_tf._shim import keras_graph
+    from hetpipe_tf.strategy import HetPipeStrategy, even_plan
+    from tests.strategy.helpers import DEVICES
+    from tests.strategy.test_masks import _tokens, tagger
+
+    x, y = _tokens()
+    strategy = HetPipeStrategy(plan=lambda m: [even_plan(m, [d], n_m=1) for d in DEVICES[1:3]],
+                               clock_distance=1, compensation="none")
+    with strategy.scope():
+        model = tagger()
+        model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    model.fit(x[:32], y[:32], batch_size=16, epochs=1, verbose=0)   # builds the runtimes
+    rt = strategy.coordinator(model).runtimes[0]
+    stage, weights = rt.stages[0], rt.versions.stages[0]
+    first = weights.applied
+    weights.start_run(first + 1, first)
+    _, t, n = weights.take(first + 1)
+    inputs = stage.program.model_inputs(tf.constant(x[:16]))
+    _, _, _, outputs, _, _ = stage.forward_backward(t, n, inputs, tf.constant(y[:16]), None)
+    want = keras_graph.keras_mask(stage.program.pack_outputs(outputs))
+    _, y_pred = weights.apply_in_task(first + 1, stage, t, n, inputs, tf.constant(y[:16]),
+                                      None)
+    got = keras_graph.keras_mask(y_pred)
+    assert want is not None and got is not None
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    strategy.close()

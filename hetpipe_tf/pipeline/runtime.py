@@ -14,7 +14,10 @@ stage 0 finishes p's backward, p is committed: stage 0 applies its own part of u
 snapshots its part of the version of p + N_m on its thread and device, and every other stage
 gets an apply task that does the same for its part on its own thread and device (each GPU
 updates its own weights, as in HetPipe), FIFO before any later forward of that stage (no
-drain between waves; `weights.py`). `drain` waits until every submitted minibatch
+drain between waves; `weights.py`). A VW of one stage among several applies u_p inside
+its task's compiled call instead (`StageWeights.apply_in_task`, the same numerics bit for
+bit, one remote call fewer in a cluster job): p is committed when that task starts.
+`drain` waits until every submitted minibatch
 completed; the next `submit` then starts a new run whose first N_m minibatches use the
 drained weights.
 
@@ -192,6 +195,8 @@ class PipelineRuntime(ThreadedExecutor):
             self._record(j, kind, mb.id, t0)
             nxt = TaskKind.FORWARD_BACKWARD if j + 1 == len(self.stages) - 1 else TaskKind.FORWARD
             self._put(self._queues[j + 1], (nxt, mb, outputs))
+        elif kind is TaskKind.FORWARD_BACKWARD and self._applies_in_task(mb):
+            self._run_and_commit(stage, mb, t0)
         elif kind is TaskKind.FORWARD_BACKWARD:
             inputs = mb.inputs if j == 0 else payload
             tvals, nvals = self.versions.take(mb.id, j)
@@ -240,6 +245,37 @@ class PipelineRuntime(ThreadedExecutor):
                 self._commit(mb)
             else:
                 self._put(self._queues[j - 1], (TaskKind.BACKWARD, mb, in_grads))
+
+    def _applies_in_task(self, mb: Minibatch) -> bool:
+        """Whether p's only stage applies u_p inside its task's call (`_run_and_commit`):
+        one stage, several VWs (their metrics are a call of their own), not a split
+        batch's share, and weights that allow it (`StageWeights.applies_in_task`)."""
+        return (len(self.stages) == 1 and not self._fuse_metrics and mb.loss_scale is None
+                and self.versions.stages[0].applies_in_task)
+
+    def _run_and_commit(self, stage: Stage, mb: Minibatch, t0: float) -> None:
+        """The only stage's task with u_p applied in the same compiled call
+        (`StageWeights.apply_in_task`: one call to the stage's task, not two): p is
+        committed when the task starts (an abort that comes later waits for it, as for a
+        committed minibatch), then the metrics are updated, then p goes to the updater."""
+        with self._cond:
+            if mb.run != self._run:
+                return   # aborted before its commit: dropped
+        tvals, nvals = self.versions.take(mb.id, 0)
+        loss, y_pred = self.versions.apply_in_task(mb.id, stage, tvals, nvals, mb.inputs,
+                                                   mb.y, mb.sample_weight)
+        del tvals, nvals
+        self._record(0, TaskKind.FORWARD_BACKWARD, mb.id, t0)
+        # Before p completes: Keras reads the metrics once the run drained.
+        with self._metrics_lock, tf.device(stage.device):
+            logs = self._update_metrics(loss, mb.y, y_pred, mb.sample_weight)
+            stamp = time.perf_counter()
+        self._set_logs(logs, stamp)
+        self.update_s.append(0.0)   # the update ran inside the task's span
+        if self._updates is not None:
+            self._put(self._updates, mb)
+        else:
+            self._completed(mb)
 
     def _set_logs(self, logs: dict, stamp: float) -> None:
         # Host values, read here: handing the eager tensors to the Keras step's thread

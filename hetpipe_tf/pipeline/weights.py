@@ -27,9 +27,10 @@ import threading
 import time
 from typing import Sequence
 
+import keras
 import tensorflow as tf
 
-from hetpipe_tf._shim import keras_optimizer
+from hetpipe_tf._shim import keras_graph, keras_optimizer
 from hetpipe_tf.pipeline import transport
 from hetpipe_tf.pipeline.compiled import compiled_method
 from hetpipe_tf.pipeline.emulation import emulate_slowdown
@@ -69,6 +70,9 @@ class StageWeights:
         self._counter = counter
         self._versions: dict[int, tuple[int, tuple, tuple]] = {}
         self._lock = threading.Lock()
+        # Held across a write of w_local that runs outside `_lock` (`apply_in_task`:
+        # the stage's whole task) and across `rebase`, so they never run at once.
+        self._write_lock = threading.Lock()
         self.applied = 0
         # With N_m > 1 a younger version shares a variable's buffer when it is updated:
         # write by value (copy-on-write would copy, then update). With N_m = 1 no version
@@ -79,6 +83,8 @@ class StageWeights:
         self._apply_fn = compiled_method(self._apply_impl, reduce_retracing=True)
         self._read_fn = compiled_method(self.read_ops)
         self._rebase_fn = compiled_method(self._rebase_impl, reduce_retracing=True)
+        self._task_stage = None   # apply_in_task's stage and call, made when first needed
+        self._task_apply_fn = None
         # Compensation (off: None, and nothing below runs): d as of each version.
         self.predictor = predictor
         self._d_of: dict[int, list] = {}
@@ -179,6 +185,46 @@ class StageWeights:
             self.applied = q
             self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
 
+    @property
+    def applies_in_task(self) -> bool:
+        """Whether `apply_in_task` may run this stage's update inside its task's call: no
+        predictor (it keeps a d per update) and no emulated slowdown (the update's sleep
+        is its own)."""
+        return self.predictor is None and self.emulated_speed_factor >= 1.0
+
+    def _task_apply_impl(self, tvals, vvals, inputs, y, sample_weight):
+        wg, deltas, (loss, y_pred, masks) = self._task_stage.train_ops(
+            tvals, vvals, inputs, y, sample_weight, _loss_and_outputs)
+        self.update_ops(wg, deltas)
+        t, n = self.read_ops()   # after the updates, as in _apply_impl
+        return loss, y_pred, masks, t, n
+
+    def apply_in_task(self, q: int, stage, tvals: Sequence, vvals: Sequence,
+                      inputs: Sequence, y, sample_weight) -> tuple:
+        """The only stage's task of minibatch q and u_q in one compiled call (one remote
+        call, not two): `stage.train_ops` (forward, loss, backward), then w_local += u_q
+        and the version of q + N_m, as `Stage.forward_backward` followed by `apply`.
+        Returns (loss, y_pred). Call on the stage's thread."""
+        with self._write_lock:
+            with self._lock:
+                if q != self.applied + 1:
+                    raise RuntimeError(f"Updates must be applied in order: got {q} after "
+                                       f"{self.applied}.")
+            if self._task_stage is not stage:   # traced with this stage
+                self._task_stage = stage
+                self._task_apply_fn = compiled_method(self._task_apply_impl,
+                                                      reduce_retracing=True)
+            with tf.device(self.device):
+                loss, y_pred, masks, t, n = self._task_apply_fn(
+                    list(tvals), list(vvals), list(inputs), y, sample_weight)
+            for x, m in zip(keras.tree.flatten(y_pred), masks):
+                if m is not None:   # Keras masks do not cross a call's boundary
+                    keras_graph.set_keras_mask(x, m)
+            with self._lock:
+                self.applied = q
+                self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
+        return loss, y_pred
+
     def state_after(self, q: int) -> tuple[tuple, tuple]:
         with self._lock:
             _, t, n = self._versions[q + self._n_m]
@@ -200,7 +246,7 @@ class StageWeights:
 
     def rebase(self, q: int, trainable: Sequence, non_trainable: Sequence) -> None:
         """Make w_local as of update q equal the given values, keeping later updates."""
-        with self._lock:
+        with self._write_lock, self._lock:
             last, t_old, n_old = self._versions[q + self._n_m]
             # Versions after q already taken: they move too.
             later = [p for p in self._versions if p > q + self._n_m]
@@ -260,6 +306,13 @@ class WeightVersions:
         with self._cond:
             self._cond.notify_all()
 
+    def apply_in_task(self, q: int, stage, *args) -> tuple:
+        """`StageWeights.apply_in_task` of the only stage (`stage`); (loss, y_pred)."""
+        result = self.stages[0].apply_in_task(q, stage, *args)
+        with self._cond:
+            self._cond.notify_all()
+        return result
+
     def wait_applied(self, q: int, stop=lambda: False) -> bool:
         """Block until every stage applied update q (False if `stop()` became true)."""
         with self._cond:
@@ -284,3 +337,10 @@ class WeightVersions:
         for s in self.stages:
             s.rebase(q, [values[id(v)] for v in s.trainable],
                      [values[id(v)] for v in s.non_trainable])
+
+
+def _loss_and_outputs(total, y, y_pred, sample_weight):
+    """`Stage.train_ops`' metrics function for `apply_in_task`: the loss, y_pred and its
+    Keras masks (attached again after the call), for the metrics update the runtime makes
+    after the call."""
+    return total, y_pred, [keras_graph.keras_mask(x) for x in keras.tree.flatten(y_pred)]

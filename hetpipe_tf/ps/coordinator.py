@@ -100,6 +100,7 @@ class Coordinator(LostWorkers, Executor):
         self.dropped: dict[int, TaskLostError] = {}   # VW -> the loss that dropped it
         self.dropped_at: dict[int, float] = {}   # VW -> time.monotonic() of the drop
         self._on_drop = on_drop
+        self._vw_calls: dict = {}   # VW -> its CallWorkers under on_fault='continue'
         # The VWs' shared metrics lock (strategy/virtual_workers.py), held by a stage thread
         # across remote ops (its metrics update, its logs read): `drop_lost` lets go of it
         # for a dropped VW stuck in its frozen task (SIGSTOP), else the others wait forever.
@@ -220,6 +221,7 @@ class Coordinator(LostWorkers, Executor):
                 threading.Thread(target=rt.close, daemon=True).start()
             else:
                 rt.close()
+        self._close_vw_workers()
 
     def _abandon(self, close: bool = False) -> None:
         """A task is lost (the guard's fatal error): stop taking batches and leave the run
@@ -239,6 +241,7 @@ class Coordinator(LostWorkers, Executor):
             self._closed = True
             for rt in self.runtimes:
                 threading.Thread(target=rt.close, daemon=True).start()
+            self._close_vw_workers()
 
     # --- internals -------------------------------------------------------------------
     def _start_run(self) -> None:

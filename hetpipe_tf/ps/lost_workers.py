@@ -19,6 +19,7 @@ import time
 from typing import Callable
 
 from hetpipe_tf._shim import tf_executors
+from hetpipe_tf.ps.call_workers import Call, CallWorkers
 from hetpipe_tf.ps.faults import TaskLostError, remote_failure
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,8 @@ logger = logging.getLogger(__name__)
 class LostWorkers:
     """The Coordinator's part that drops lost VWs (module docstring). Uses the
     Coordinator's `runtimes`, `servers`, `guard`, `dropped`, `dropped_at`, `_lock`,
-    `_queue`, `_feeding`, `_metrics_lock`, `_on_drop` and `_continues`."""
+    `_queue`, `_feeding`, `_metrics_lock`, `_on_drop`, `_continues` and `_vw_calls` (VW ->
+    its `CallWorkers`, empty at first)."""
 
     # Split batches (ps/split.py) cannot go on without a VW: its share has no taker.
     _can_drop = True
@@ -67,34 +69,39 @@ class LostWorkers:
         return True
 
     def _on_vw(self, w: int, fn: Callable, *args) -> None:
-        """fn(*args), work on VW w: skipped once w is dropped; under on_fault='continue' left
-        behind (on a daemon thread) when w is dropped meanwhile, and its error ignored when
-        it comes from w's lost task."""
+        """fn(*args), work on VW w: skipped once w is dropped; under on_fault='continue' run
+        on a call worker of w's own (an eager executor per call) and left behind there when
+        w is dropped meanwhile, and its error ignored when it comes from w's lost task."""
         if w in self.dropped:
             return None
         if not self._continues:
             return fn(*args)
-        box: dict = {}
-        done = threading.Event()
-
-        def run() -> None:
-            # A lost task blocks this thread only; `done` is set before leaving the
-            # executor, which waits for its remote ops (a frozen task's never end).
-            with tf_executors.own_executor():
-                try:
-                    fn(*args)
-                except BaseException as e:  # noqa: BLE001 - judged below
-                    box["error"] = e
-                finally:
-                    done.set()
-
-        threading.Thread(target=run, daemon=True, name=f"hetpipe-vw{w}-call").start()
-        while not done.wait(0.05):
+        call = Call(fn, args)
+        self._vw_workers(w).start(call)
+        # A lost task blocks w's worker only; its `done` is set before it leaves the
+        # executor, which waits for its remote ops (a frozen task's never end).
+        while not call.done.wait(0.05):
             if w in self.dropped:
                 return None
-        if "error" in box and not self._lost_with(w, box["error"]):
-            raise box["error"]
+        if call.error is not None and not self._lost_with(w, call.error):
+            raise call.error
         return None
+
+    def _vw_workers(self, w: int) -> CallWorkers:
+        """VW w's call workers (made when first needed), each call in its own executor."""
+        with self._lock:
+            workers = self._vw_calls
+            if w not in workers:
+                workers[w] = CallWorkers(f"hetpipe-vw{w}-call", on_start=_nothing,
+                                         around=tf_executors.own_executor, max_idle=1)
+            return workers[w]
+
+    def _close_vw_workers(self) -> None:
+        """End the VWs' idle call workers (one stuck in a lost task stays behind)."""
+        with self._lock:
+            workers = list(self._vw_calls.values())
+        for cw in workers:
+            cw.close()
 
     def _lost_with(self, w: int, e: BaseException) -> bool:
         """Whether VW w's error `e` comes from a lost task that dropped w (probed now)."""
@@ -148,3 +155,7 @@ class DroppableLock:
             if self._owner in self._dropped:
                 self._owner = None
                 self._cond.notify_all()
+
+
+def _nothing() -> None:
+    """A call worker's `on_start` that marks nothing."""

@@ -35,3 +35,60 @@ def test_one_row_per_vw_count_with_pss_beside():
 def test_bad_vw_counts_are_refused_by_absl():
     with pytest.raises(flags.IllegalFlagValueError, match="--virtual_workers must list"):
         run_main("benchmarks.chief_cpu", "--virtual_workers=0")
+
+
+def _per_minibatch_calls(vws: int, minibatches: int) -> dict[str, float]:
+    """The calls a minibatch of the chief of a cluster job (`vws` one-stage VWs on
+    `tf.distribute.Server` processes, N_m = 1, D = 1) by op and calling function (the
+    calling line's number left out), from benchmarks/chief_cpu.py's hetpipe measurement."""
+    import json
+    import subprocess
+    import sys
+
+    from hetpipe_tf.cluster.serve import start_local_servers
+    from tests.benchmarks.binaries import ROOT
+
+    with start_local_servers({"worker": vws, "ps": 1}) as servers:
+        info = {"cluster": servers.cluster, "pids": list(servers.pids)}
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.chief_cpu", "--mode=hetpipe",
+             f"--virtual_workers={vws}", f"--minibatches={minibatches}", "--params=2000",
+             "--batch_size=4", "--breakdown", json.dumps(info)],
+            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    by_op = json.loads(proc.stdout.strip().splitlines()[-1])["by_op"]
+    out: dict[str, float] = {}
+    for op, c in by_op.items():
+        key = re.sub(r"\.py:\d+ ", ".py ", op)
+        out[key] = out.get(key, 0.0) + c
+    return out
+
+
+def test_the_chiefs_calls_every_minibatch_of_two_vws():
+    """Calls, not time: what the chief asks TensorFlow to run each minibatch of 2 one-stage
+    VWs (docs/cluster_jobs.md "What keeps the chief on the per-minibatch path"). Each VW's
+    stage applies its update inside its task's call; a call made every minibatch that is
+    not listed here fails this test."""
+    calls = _per_minibatch_calls(2, 8)
+    every = {op: c for op, c in calls.items() if c >= 0.5}   # run boundaries: 1/16 each
+    expected_once = [
+        "compiled __inference_multi_step_on_iterator @ guards.py train_function",
+        "eager op OptionalHasValue @ guards.py train_function",
+        "eager op OptionalGetValue @ guards.py train_function",
+        "compiled __inference_function @ weights.py apply_in_task",
+        "compiled __inference_update_with_masks @ build.py update_metrics",
+        "host read numpy @ transport.py <dictcomp>",
+        "compiled __inference_function @ server.py push",
+    ]
+    at_most_once = [   # the pull's rebase and w_global's snapshot: not after every push
+        "compiled __inference_function @ weights.py rebase",
+        "compiled __inference_function @ server.py __call__",
+    ]
+    for op in expected_once:
+        assert calls.get(op) == 1.0, (op, every)
+    assert set(every) <= set(expected_once) | set(at_most_once), every
+    # server.py's __call__ also counts the runs' starts and ends (w_global copied to and
+    # from the model, pulled by each VW): a few calls a run of 16 minibatches.
+    assert all(calls.get(op, 0.0) <= 1.5 for op in at_most_once), every
+    # No update of its own: it runs inside the stage's task.
+    assert not [op for op in calls if op.endswith("weights.py apply")], calls

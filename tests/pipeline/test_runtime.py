@@ -113,3 +113,107 @@ def test_a_split_batchs_scaled_gradients_stay_on_their_stages_device():
     mb.grads[1], mb.deltas[1] = [dense], []
     mb.loss_scale = None   # a whole batch: the gradients as they are
     assert _scaled(mb, 1, "/CPU:2")[0][0] is dense
+
+
+
+def _apply_paths(n_m: int, optimizer, steps: int = 4) -> list[tuple[list, list]]:
+    """[(losses, final w_local and optimizer state)] of VW 0's only stage over `steps`
+    minibatches from the same state, its update a call of its own (`forward_backward`
+    then `apply`) and inside the task's call (`StageWeights.apply_in_task`)."""
+    import keras
+
+    from hetpipe_tf.strategy import HetPipeStrategy, even_plan
+    from tests.strategy.helpers import DEVICES, skip_model
+
+    x, y = regression_data(8 * steps, 5)
+    probe = skip_model(0)
+    plans = [even_plan(probe, [DEVICES[1]], n_m=n_m), even_plan(probe, [DEVICES[2]], n_m=n_m)]
+    strategy = HetPipeStrategy(plan=plans, clock_distance=1, compensation="none")
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(optimizer(), "mse")
+    model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)   # builds the runtimes
+    rt = strategy.coordinator(model).runtimes[0]
+    stage, weights = rt.stages[0], rt.versions.stages[0]
+    assert rt._applies_in_task(type("Mb", (), {"loss_scale": None})())
+    state = [*weights.variables, *weights.optimizer.variables, model.optimizer.iterations]
+    start = [v.numpy() for v in state]
+    first = weights.applied
+    out = []
+    for fused in (False, True):
+        for v, value in zip(state, start):
+            v.assign(value)
+        weights.start_run(first + 1, first)
+        losses = []
+        for k in range(steps):
+            p = first + k + 1
+            _, t, n = weights.take(p)
+            inputs = stage.program.model_inputs(tf.constant(x[8 * k:8 * k + 8]))
+            yb = tf.constant(y[8 * k:8 * k + 8])
+            if fused:
+                loss, _ = weights.apply_in_task(p, stage, t, n, inputs, yb, None)
+                del t, n
+                losses.append(loss.numpy())
+            else:
+                wg, _, loss, _, deltas, _ = stage.forward_backward(t, n, inputs, yb, None)
+                del t, n
+                weights.apply(p, wg, deltas)
+                losses.append(loss.numpy())
+        out.append((losses, [v.numpy() for v in state]))
+    strategy.close()
+    return out
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("n_m,opt", [(1, "adam"), (2, "sgd"), (2, "adam")])
+def test_the_only_stages_update_inside_its_task_is_the_separate_update_bit_for_bit(n_m, opt):
+    """With several VWs a one-stage VW applies u_p inside its task's compiled call
+    (`StageWeights.apply_in_task`, one remote call a minibatch less in a cluster job):
+    the losses, w_local and the optimizer's state equal those of the task and the update
+    as two calls, bit for bit."""
+    import keras
+    import numpy as np
+
+    make = {"sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+            "adam": lambda: keras.optimizers.Adam(0.01)}[opt]
+    (losses_a, state_a), (losses_b, state_b) = _apply_paths(n_m, make)
+    assert losses_a == losses_b
+    assert len(state_a) == len(state_b) > 0
+    for a, b in zip(state_a, state_b):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_task_and_update_call_hands_the_metrics_y_pred_with_its_keras_mask():
+    """y_pred's Keras masks do not cross a compiled call's boundary: `apply_in_task` attaches
+    them again, so that the metrics weigh masked steps out as after `forward_backward`."""
+    import keras
+    import numpy as np
+
+    from hetpipe_tf._shim import keras_graph
+    from hetpipe_tf.strategy import HetPipeStrategy, even_plan
+    from tests.strategy.helpers import DEVICES
+    from tests.strategy.test_masks import _tokens, tagger
+
+    x, y = _tokens()
+    strategy = HetPipeStrategy(plan=lambda m: [even_plan(m, [d], n_m=1) for d in DEVICES[1:3]],
+                               clock_distance=1, compensation="none")
+    with strategy.scope():
+        model = tagger()
+        model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    model.fit(x[:32], y[:32], batch_size=16, epochs=1, verbose=0)   # builds the runtimes
+    rt = strategy.coordinator(model).runtimes[0]
+    stage, weights = rt.stages[0], rt.versions.stages[0]
+    first = weights.applied
+    weights.start_run(first + 1, first)
+    _, t, n = weights.take(first + 1)
+    inputs = stage.program.model_inputs(tf.constant(x[:16]))
+    _, _, _, outputs, _, _ = stage.forward_backward(t, n, inputs, tf.constant(y[:16]), None)
+    want = keras_graph.keras_mask(stage.program.pack_outputs(outputs))
+    _, y_pred = weights.apply_in_task(first + 1, stage, t, n, inputs, tf.constant(y[:16]),
+                                      None)
+    got = keras_graph.keras_mask(y_pred)
+    assert want is not None and got is not None
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    strategy.close()

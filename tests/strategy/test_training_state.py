@@ -328,7 +328,8 @@ def test_a_stage_error_keeps_its_type_and_names_the_stage_and_vw():
     def broken(*args, **kwargs):
         raise DeviceLost("device lost")
 
-    stage.forward_backward = broken
+    stage.forward_backward = broken   # the stage's task, with its update inside or not
+    strategy.pipeline(model, 1).versions.stages[0].apply_in_task = broken
     with pytest.raises(DeviceLost) as info:
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     notes = " ".join(getattr(info.value, "__notes__", []))

@@ -216,7 +216,9 @@ def test_a_failing_stage_stops_training_with_its_error_and_no_hang():
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
 
-    stage.forward_backward = broken          # VW 1's only stage fails from now on
+    # VW 1's only stage fails from now on (its task, with or without its update inside).
+    stage.forward_backward = broken
+    strategy.pipeline(model, 1).versions.stages[0].apply_in_task = broken
     with pytest.raises(Exception, match="device lost"):
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     # VW 0 stops waiting for the waves VW 1 will never push: all it took completes.

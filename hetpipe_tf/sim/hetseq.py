@@ -10,10 +10,12 @@ whole `batch_size` minibatch still takes the share it has room for, which the ba
 cannot use.
 
 Step model: Horovod's (`horovod_step`, the same ring, fusion buffers and overlap with the
-backward pass), with GPU k's layer times those of its share: compute x n_k / batch_size
-plus the layer's update (each GPU applies the summed gradient to its own copy, as in
-HetSeq's Figure 1). step = max(slowest share, end of the last fused all-reduce);
-samples/s = N / step.
+backward pass), with GPU k's layer times those of its share: compute x n_k / batch_size.
+After the all-reduce each GPU applies the summed gradient to its own copy (HetSeq's
+Figure 1): a profile that costs updates (`update_optimizer`) adds the slowest GPU's plain
+optimizer step (`calibration.plain_update_s`, no weight-version copy), as Horovod's step
+does (sim/allreduce.py). step = max(slowest share, end of the last fused all-reduce) +
+that update; samples/s = N / step.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from hetpipe_tf.cluster.spec import Cluster, Device
 from hetpipe_tf.partitioner.cost import CostModel
 from hetpipe_tf.partitioner.shares import Shares, choose_shares, speeds_from_profile
 from hetpipe_tf.sim.allreduce import HorovodConfig, _bytes, _ring_bandwidth, horovod_step
+from hetpipe_tf.sim.calibration import plain_update_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +35,10 @@ class HetSeqResult:
     shares: Shares
     excluded: tuple[str, ...]         # GPUs the model does not fit at all
     share_s: tuple[float, ...]        # per used GPU: its share's compute + update
-    step_s: float
+    step_s: float                     # the ring's step + the update after it
     bytes_inter_host: int             # per step
     bytes_intra_host: int
+    update_s: float = 0.0             # the optimizer step after the all-reduce (in step_s)
 
     @property
     def samples_per_s(self) -> float:
@@ -69,12 +73,15 @@ def hetseq(profile: Any, devices: Sequence[Device | str], cluster: Cluster, *,
         cm = CostModel(profile, [d], cluster, n_m=1, optimizer_slots=optimizer_slots,
                        usable_fraction=usable_fraction)
         compute = cm.layer_compute_time(d) * (k / b)
-        layer_times.append([float(x) for x in compute + cm.layer_update_time(d)])
+        layer_times.append([float(x) for x in compute])
+    update = (max(plain_update_s(profile, d.type_name) for d, _ in used)
+              if used and profile.update_optimizer else 0.0)
     grads = [int(l.trainable_param_bytes) for l in profile.layers]
     hosts = [d.host for d, _ in used]
     bw = _ring_bandwidth(hosts, cluster, intra_scale, config)
     step, _ = horovod_step(layer_times, grads, bw, config)
     inter, intra = _bytes(len(used), hosts, sum(grads))
     return HetSeqResult(shares=shares, excluded=excluded,
-                        share_s=tuple(sum(t) for t in layer_times), step_s=step,
-                        bytes_inter_host=inter, bytes_intra_host=intra)
+                        share_s=tuple(sum(t) + update for t in layer_times),
+                        step_s=step + update, bytes_inter_host=inter,
+                        bytes_intra_host=intra, update_s=update)

@@ -8,6 +8,7 @@ from hetpipe_tf.sim.allreduce import HorovodConfig, horovod
 from hetpipe_tf.sim.calibration import (SGD_UPDATE_TRAFFIC, VERSIONED_UPDATE_TRAFFIC,
                                         plain_update_s, update_seconds, with_update_costs,
                                         without_update_costs)
+from hetpipe_tf.sim.hetseq import hetseq
 from hetpipe_tf.sim.scenario import single_device_samples_per_s
 
 V_BANDWIDTH = 653e9          # catalog TITAN_V memory bandwidth (bytes/s)
@@ -65,3 +66,19 @@ def test_horovod_adds_the_plain_step_after_the_allreduce():
         assert base.update_s == 0.0
         assert with_update.update_s == pytest.approx(0.6 * (1e-3 + LAUNCH))
         assert with_update.step_s == pytest.approx(base.step_s + with_update.update_s)
+
+
+def test_hetseq_adds_the_plain_step_after_the_allreduce_as_horovod_does():
+    host = Host(name="h0", devices=tuple(Device(name=f"h0/gpu{k}", type_name="TITAN_V",
+                                                host="h0", tf_device=f"/device:GPU:{k}")
+                                         for k in range(2)), intra_bandwidth=15.75e9)
+    cluster = Cluster(hosts=(host,), inter_bandwidth=7e9)
+    base = hetseq(profile(), cluster.devices, cluster)
+    with_update = hetseq(with_update_costs(profile()), cluster.devices, cluster)
+    assert base.update_s == 0.0
+    # the plain step (3 of the versioned 5 bytes), not HetPipe's step with the copy
+    assert with_update.update_s == pytest.approx(0.6 * (1e-3 + LAUNCH))
+    assert with_update.step_s == pytest.approx(base.step_s + with_update.update_s)
+    hv = horovod(with_update_costs(profile()), cluster.devices, cluster,
+                 config=HorovodConfig())
+    assert with_update.update_s == pytest.approx(hv.update_s)

@@ -226,15 +226,22 @@ def _profile_of_types(model, batch_size: int, vws: Sequence[Sequence]):
     """A profile with times for every device type of `vws` when the first VW lacks some
     (VWs of different types, e.g. groups of a heterogeneous cluster); else None, and the
     first VW's planning profiles its own types."""
+    devices = [d for vw in vws for d in vw]
+    if {d.type_name for d in devices} <= {d.type_name for d in vws[0]}:
+        return None
+    return _profile_of_devices(model, batch_size, devices)
+
+
+def _profile_of_devices(model, batch_size: int, devices: Sequence):
+    """The model's profile with times for every device type of `devices` (those present
+    here measured on them, the others estimated)."""
     from hetpipe_tf.partitioner.layer_graph import LayerGraph
     from hetpipe_tf.partitioner.planner import measurable_devices
     from hetpipe_tf.partitioner.profiling import profile_model
 
-    types = sorted({d.type_name for vw in vws for d in vw})
-    if set(types) <= {d.type_name for d in vws[0]}:
-        return None
-    return profile_model(LayerGraph.from_model(model), batch_size, types,
-                         measure_on=measurable_devices([d for vw in vws for d in vw]),
+    return profile_model(LayerGraph.from_model(model), batch_size,
+                         sorted({d.type_name for d in devices}),
+                         measure_on=measurable_devices(list(devices)),
                          optimizer=model.optimizer)
 
 
@@ -277,19 +284,6 @@ def plan_devices(model, batch_size: int, cl, vws: Sequence[Sequence], n_m: int |
         if best < plans[0].n_m:
             plans = replan(best)
     return plans
-
-
-def _profile_of_cluster(model, batch_size: int, cl):
-    """The model's profile with times for every device type of `cl` (one profile for every
-    allocation the pick weighs)."""
-    from hetpipe_tf.partitioner.layer_graph import LayerGraph
-    from hetpipe_tf.partitioner.planner import measurable_devices
-    from hetpipe_tf.partitioner.profiling import profile_model
-
-    return profile_model(LayerGraph.from_model(model), batch_size,
-                         sorted({d.type_name for d in cl.devices}),
-                         measure_on=measurable_devices(list(cl.devices)),
-                         optimizer=model.optimizer)
 
 
 def candidate_allocations(cl, policies: Sequence, num_vws: int | None) -> list[tuple]:
@@ -340,7 +334,8 @@ def plan_for_time_to_accuracy(options, model, batch_size: int) -> tuple | None:
     distances = (wsp.clock_distance,) if wsp.distance_given else PICK_DISTANCES
     compensation = options.compensation.value
     pm = prediction_memory(compensation)
-    profile = None if given_alloc else _profile_of_cluster(model, batch_size, cl)
+    # One profile for every allocation the pick weighs.
+    profile = None if given_alloc else _profile_of_devices(model, batch_size, cl.devices)
     planned, cands, first_error = {}, [], None
     for policy, vws in groupings:
         try:

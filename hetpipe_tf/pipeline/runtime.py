@@ -112,6 +112,14 @@ class PipelineRuntime(ThreadedExecutor):
                             update_metrics=update_metrics, metrics_lock=metrics_lock,
                             after_apply=after_apply, on_run_start=on_run_start,
                             on_run_end=on_run_end, trace=trace)
+        # Several VWs whose metric state is kept per VW (strategy/vw_metrics.py, handed
+        # over as `update_metrics.per_vw`): a one-stage VW updates its copy inside its
+        # task's call (`_run_and_commit`); every VW must, or none does.
+        self._vw_metrics = (None if self._fuse_metrics
+                            else getattr(update_metrics, "per_vw", None))
+        if self._vw_metrics is not None:
+            self._vw_metrics.enroll(vw, self.stages[-1].device, len(self.stages) == 1
+                                    and self.versions.stages[0].applies_in_task)
         self._start_workers(
             [Loop(f"hetpipe-vw{vw}-stage-{j}", functools.partial(self._execute, j),
                   functools.partial(self._where, j), self._done)
@@ -143,6 +151,23 @@ class PipelineRuntime(ThreadedExecutor):
         with self._cond:
             self._raise_if_failed()
         self._end_run()
+
+    @property
+    def logs(self) -> dict | None:
+        """The metrics' logs as of the latest completed minibatch (host values): with
+        the metric state per VW, those of every VW's latest state summed."""
+        if self._per_vw_metrics:
+            return self._vw_metrics.logs()
+        return self._logs
+
+    @logs.setter
+    def logs(self, value: dict | None) -> None:
+        self._logs = value
+
+    @property
+    def _per_vw_metrics(self) -> bool:
+        vm = getattr(self, "_vw_metrics", None)
+        return vm is not None and vm.active
 
     @property
     def record(self) -> RecordView:
@@ -262,15 +287,29 @@ class PipelineRuntime(ThreadedExecutor):
             if mb.run != self._run:
                 return   # aborted before its commit: dropped
         tvals, nvals = self.versions.take(mb.id, 0)
-        loss, y_pred = self.versions.apply_in_task(mb.id, stage, tvals, nvals, mb.inputs,
-                                                   mb.y, mb.sample_weight)
-        del tvals, nvals
-        self._record(0, TaskKind.FORWARD_BACKWARD, mb.id, t0)
-        # Before p completes: Keras reads the metrics once the run drained.
-        with self._metrics_lock, tf.device(stage.device):
-            logs = self._update_metrics(loss, mb.y, y_pred, mb.sample_weight)
-            stamp = time.perf_counter()
-        self._set_logs(logs, stamp)
+        if self._per_vw_metrics:
+            # The VW's own metric state is updated inside the call, which returns it
+            # (one host read); Keras' logs are the VWs' states summed (vw_metrics.py).
+            vm = self._vw_metrics
+            generation, reset, copy = vm.begin(self.vw)
+            state = self.versions.apply_in_task(mb.id, stage, tvals, nvals, mb.inputs,
+                                                mb.y, mb.sample_weight, metrics=copy,
+                                                reset=reset)
+            del tvals, nvals
+            self._record(0, TaskKind.FORWARD_BACKWARD, mb.id, t0)
+            # Before p completes: Keras reads the metrics once the run drained.
+            vm.store(self.vw, generation, state.numpy())
+            self.logs_time = time.perf_counter()
+        else:
+            loss, y_pred = self.versions.apply_in_task(mb.id, stage, tvals, nvals,
+                                                       mb.inputs, mb.y, mb.sample_weight)
+            del tvals, nvals
+            self._record(0, TaskKind.FORWARD_BACKWARD, mb.id, t0)
+            # Before p completes: Keras reads the metrics once the run drained.
+            with self._metrics_lock, tf.device(stage.device):
+                logs = self._update_metrics(loss, mb.y, y_pred, mb.sample_weight)
+                stamp = time.perf_counter()
+            self._set_logs(logs, stamp)
         self.update_s.append(0.0)   # the update ran inside the task's span
         if self._updates is not None:
             self._put(self._updates, mb)

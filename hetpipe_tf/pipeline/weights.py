@@ -23,6 +23,7 @@ updates after q are kept exactly.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Sequence
@@ -83,8 +84,10 @@ class StageWeights:
         self._apply_fn = compiled_method(self._apply_impl, reduce_retracing=True)
         self._read_fn = compiled_method(self.read_ops)
         self._rebase_fn = compiled_method(self._rebase_impl, reduce_retracing=True)
-        self._task_stage = None   # apply_in_task's stage and call, made when first needed
+        self._task_stage = None   # apply_in_task's stage and calls, made when first needed
         self._task_apply_fn = None
+        self._task_metrics = None   # the VW's metric state the metrics call updates
+        self._task_metrics_fn = None
         # Compensation (off: None, and nothing below runs): d as of each version.
         self.predictor = predictor
         self._d_of: dict[int, list] = {}
@@ -199,12 +202,25 @@ class StageWeights:
         t, n = self.read_ops()   # after the updates, as in _apply_impl
         return loss, y_pred, masks, t, n
 
+    def _task_metrics_impl(self, tvals, vvals, inputs, y, sample_weight, reset):
+        # As _task_apply_impl, with the VW's metric state updated in the same call.
+        update = functools.partial(self._task_metrics.update_ops, reset)
+        wg, deltas, state = self._task_stage.train_ops(
+            tvals, vvals, inputs, y, sample_weight, update)
+        self.update_ops(wg, deltas)
+        t, n = self.read_ops()
+        return state, t, n
+
     def apply_in_task(self, q: int, stage, tvals: Sequence, vvals: Sequence,
-                      inputs: Sequence, y, sample_weight) -> tuple:
+                      inputs: Sequence, y, sample_weight, metrics=None, reset=None):
         """The only stage's task of minibatch q and u_q in one compiled call (one remote
         call, not two): `stage.train_ops` (forward, loss, backward), then w_local += u_q
         and the version of q + N_m, as `Stage.forward_backward` followed by `apply`.
-        Returns (loss, y_pred). Call on the stage's thread."""
+        Returns (loss, y_pred). With `metrics` (a VW's metric state,
+        strategy/vw_metrics.py: `update_ops(reset, loss, y, y_pred, sample_weight)` ops
+        returning its new state as one vector, `per_output`), the state is updated in the
+        same call (zeroed first if the bool tensor `reset` is true) and that vector is
+        returned instead. Call on the stage's thread."""
         with self._write_lock:
             with self._lock:
                 if q != self.applied + 1:
@@ -214,16 +230,28 @@ class StageWeights:
                 self._task_stage = stage
                 self._task_apply_fn = compiled_method(self._task_apply_impl,
                                                       reduce_retracing=True)
+                self._task_metrics = None
+            if metrics is not None and self._task_metrics is not metrics:
+                self._task_metrics = metrics   # traced with this state
+                # Per-output loss trackers weigh by the static batch size: one trace
+                # per batch size then (strategy/build.py).
+                self._task_metrics_fn = compiled_method(
+                    self._task_metrics_impl, reduce_retracing=not metrics.per_output)
             with tf.device(self.device):
-                loss, y_pred, masks, t, n = self._task_apply_fn(
-                    list(tvals), list(vvals), list(inputs), y, sample_weight)
-            for x, m in zip(keras.tree.flatten(y_pred), masks):
-                if m is not None:   # Keras masks do not cross a call's boundary
-                    keras_graph.set_keras_mask(x, m)
+                if metrics is not None:
+                    out, t, n = self._task_metrics_fn(
+                        list(tvals), list(vvals), list(inputs), y, sample_weight, reset)
+                else:
+                    loss, y_pred, masks, t, n = self._task_apply_fn(
+                        list(tvals), list(vvals), list(inputs), y, sample_weight)
+                    out = (loss, y_pred)
+                    for x, m in zip(keras.tree.flatten(y_pred), masks):
+                        if m is not None:   # Keras masks do not cross a call's boundary
+                            keras_graph.set_keras_mask(x, m)
             with self._lock:
                 self.applied = q
                 self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
-        return loss, y_pred
+        return out
 
     def state_after(self, q: int) -> tuple[tuple, tuple]:
         with self._lock:
@@ -306,9 +334,10 @@ class WeightVersions:
         with self._cond:
             self._cond.notify_all()
 
-    def apply_in_task(self, q: int, stage, *args) -> tuple:
-        """`StageWeights.apply_in_task` of the only stage (`stage`); (loss, y_pred)."""
-        result = self.stages[0].apply_in_task(q, stage, *args)
+    def apply_in_task(self, q: int, stage, *args, **kwargs):
+        """`StageWeights.apply_in_task` of the only stage (`stage`): (loss, y_pred), or
+        the VW's metric state with `metrics`."""
+        result = self.stages[0].apply_in_task(q, stage, *args, **kwargs)
         with self._cond:
             self._cond.notify_all()
         return result

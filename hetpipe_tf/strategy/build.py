@@ -30,10 +30,11 @@ from hetpipe_tf.strategy import training_state, xla
 from hetpipe_tf.strategy.compensation import (log_choice, optimizer_adjustment,
                                                predictor_factory)
 from hetpipe_tf.strategy.layout import Layout, layout_for
-from hetpipe_tf.strategy.modes import Job, TrainingMode, mode_for
+from hetpipe_tf.strategy.modes import Job, TrainingMode, VirtualWorkers, mode_for
 from hetpipe_tf.strategy.summary import describe, print_summary
 from hetpipe_tf.strategy.validation import (check_batch, check_inter_op_threads, check_model,
                                             check_plan)
+from hetpipe_tf.strategy.vw_metrics import VwMetrics, additive_metrics, state_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class Training:
     metrics_result: Callable  # the model class's own get_metrics_result, bound
     layout: Layout           # the model's VWs (kept across a re-compile's rebuild)
     mode: TrainingMode
+    # The metrics' state per VW (strategy/vw_metrics.py), or None: the shared metrics.
+    vw_metrics: Any = None
 
 
 def compiled_state(model) -> tuple:
@@ -161,6 +164,10 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
         return update_with_masks(loss, y, y_pred, sample_weight, masks)
 
     def update_metrics_body(loss, y, y_pred, sample_weight):
+        update_state(loss, y, y_pred, sample_weight)
+        return original()
+
+    def update_state(loss, y, y_pred, sample_weight):
         batch = tf.shape(keras.tree.flatten(y_pred)[0])[0]
         _keras_shim.loss_tracker(model).update_state(loss, sample_weight=batch)
         if per_output:
@@ -170,7 +177,6 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
         cm = _keras_shim.compile_metrics(model)
         if cm is not None:
             cm.update_state(y, y_pred, sample_weight)
-        return original()
 
     # Shared by every VW's (and HetSeq's) threads: in a cluster job a frozen task's tensor
     # must not hold tf.function's lock, and a remote update must have run before the next
@@ -178,12 +184,16 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
     if connected_to_cluster():
         update_metrics = shapes_first(update_metrics)
     vws = max(len(layout.plans), 1)
+    mode = mode_for(options, layout)
+    vw_metrics = _vw_metrics(options, model, mode, vws, update_state, original,
+                             place_locally, per_output)
+    # Read by the VWs' pipelines (pipeline/runtime.py): None keeps the shared metrics.
+    update_metrics.per_vw = vw_metrics
     compensation, d = options.compensation, layout.clock_distance
     adjust = optimizer_adjustment(compensation.value, layout.n_m, vws, d)
     predictor = predictor_factory(compensation.value, layout.n_m, vws)
     log_choice(compensation.value, compensation.by_default, layout.n_m, vws, d,
                adjusted=adjust is not None)
-    mode = mode_for(options, layout)
     runtime = mode.build(Job(model, program, batch_size, layout, update_metrics, strategy,
                              place_locally, adjust=adjust, predictor=predictor))
     try:
@@ -205,4 +215,21 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
         logger.info("HetPipe virtual worker %d of %d for %s:\n%s", w, len(layout.plans),
                     model.name, p.table())
     return Training(runtime, program, compiled_state(model), batch_size, original, layout,
-                    mode)
+                    mode, vw_metrics)
+
+
+def _vw_metrics(options, model, mode: TrainingMode, vws: int, update_state: Callable,
+                original: Callable, place_locally: Callable,
+                per_output: bool) -> VwMetrics | None:
+    """The metrics' state per VW (strategy/vw_metrics.py) where it applies: several VWs
+    under WSP on HetPipe's schedule (not a virtual clock, not split batches), every metric
+    additive; each VW's pipeline then enrolls (a one-stage VW updates its copy inside its
+    task's call). Else None: every VW updates the model's metrics under their shared lock."""
+    if (type(mode) is not VirtualWorkers or vws < 2 or options.splits_batches
+            or options.schedule.synchronous):
+        return None
+    metrics = state_metrics(model)
+    if not additive_metrics(metrics):
+        return None
+    return VwMetrics(metrics, update_state, original, vws, place_locally,
+                     per_output=per_output, shown=list(model.metrics))

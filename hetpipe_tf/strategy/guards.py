@@ -225,6 +225,9 @@ def guard_model(extended, model) -> None:
 
     def reset_metrics(*args, _original=model.reset_metrics, **kwargs):
         t = extended.pipelines.get(id(model))
+        vw_metrics = getattr(t, "vw_metrics", None)
+        if vw_metrics is not None:   # the VWs' copies count from here (vw_metrics.py)
+            vw_metrics.reset()
         _step_logs(model).reset(None if t is None else t.executor)
         return _original(*args, **kwargs)
 
@@ -263,10 +266,15 @@ def install_draining_metrics(extended, model, original) -> None:
     """Replace the model's `get_metrics_result` (the class's own, bound: `original`) by one
     that drains first: Keras reads the metrics at the end of every epoch (and of evaluate),
     so they, the validation that follows and epoch-end callbacks see every minibatch; an
-    empty last step's logs get them (`StepLogs.fill`)."""
+    empty last step's logs get them (`StepLogs.fill`). With the metric state per VW
+    (strategy/vw_metrics.py) the VWs' summed states are assigned to the model's metrics
+    after the drain; a reset of the model's metrics resets the VWs' too."""
     def get_metrics_result():
         if tf.executing_eagerly() and threading.get_ident() not in extended._runtime_threads:
             extended.drain()
+            vw_metrics = getattr(extended.pipelines.get(id(model)), "vw_metrics", None)
+            if vw_metrics is not None:   # the VWs' states summed into the model's metrics
+                vw_metrics.publish()
             result = original()
             _step_logs(model).fill(result)
             return result

@@ -1,4 +1,5 @@
-"""Keras 3.15 internals for a metric the strategy adds to a model (the virtual clock's)."""
+"""Keras 3.15 internals for metrics: a metric the strategy adds to a model (the virtual
+clock's), and whether a metric's state variables exist yet (strategy/vw_metrics.py)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,11 @@ def replace_tracked_metric(model: Any, old: Any, new: Any) -> None:
     model._metrics[:] = [new if m is old else m for m in model._metrics]
     if new not in model._metrics:
         model._metrics.append(new)
+
+
+def state_built(metric: Any) -> bool:
+    """Whether `metric` has made all its state variables (some make them at their first
+    update, from the shapes they see)."""
+    # Reason: AUC, FBetaScore and R2Score (keras/src/metrics) record that in a private
+    # `_built`, set by their `_build` at the first update; others make theirs in __init__.
+    return getattr(metric, "_built", True) is not False

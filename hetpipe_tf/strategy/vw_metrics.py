@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from hetpipe_tf import _shim as _keras_shim
+from hetpipe_tf._shim import keras_metrics
 from hetpipe_tf.cluster.local import host_cpu_device
 
 _KERAS_METRICS = "keras.src.metrics."
@@ -66,12 +67,14 @@ def state_metrics(model) -> list:
 
 def additive_metrics(metrics: Sequence) -> bool:
     """Whether every metric's state adds across VWs (module docstring): its update and
-    reset are Keras' own, it has its variables already, and its reset state is zeros."""
+    reset are Keras' own, it has made its variables already (R2Score, F1Score and an AUC
+    with multi_label and no num_labels make them at their first update), and its reset
+    state is zeros."""
     for m in metrics:
         if not (_keras_own(m, "update_state") and _keras_own(m, "reset_state")):
             return False
-        if not m.variables:   # built at its first update (R2Score): shapes unknown yet
-            return False
+        if not (m.variables and keras_metrics.state_built(m)):
+            return False   # its variables are made at its first update (R2Score, F1Score)
         with tf.init_scope():
             if any(np.any(np.asarray(v) != 0) for v in m.stateless_reset_state()):
                 return False

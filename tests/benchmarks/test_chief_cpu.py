@@ -67,8 +67,9 @@ def _per_minibatch_calls(vws: int, minibatches: int) -> dict[str, float]:
 def test_the_chiefs_calls_every_minibatch_of_two_vws():
     """Calls, not time: what the chief asks TensorFlow to run each minibatch of 2 one-stage
     VWs (docs/cluster_jobs.md "What keeps the chief on the per-minibatch path"). Each VW's
-    stage applies its update inside its task's call; a call made every minibatch that is
-    not listed here fails this test."""
+    stage applies its update and updates its own metric state inside its task's call
+    (strategy/vw_metrics.py), whose one reply (the state) is the minibatch's only read; a
+    call made every minibatch that is not listed here fails this test."""
     calls = _per_minibatch_calls(2, 8)
     every = {op: c for op, c in calls.items() if c >= 0.5}   # run boundaries: 1/16 each
     expected_once = [
@@ -76,8 +77,7 @@ def test_the_chiefs_calls_every_minibatch_of_two_vws():
         "eager op OptionalHasValue @ guards.py train_function",
         "eager op OptionalGetValue @ guards.py train_function",
         "compiled __inference_function @ weights.py apply_in_task",
-        "compiled __inference_update_with_masks @ build.py update_metrics",
-        "host read numpy @ transport.py <dictcomp>",
+        "host read numpy @ runtime.py _run_and_commit",   # the VW's metric state
         "compiled __inference_function @ server.py push",
     ]
     at_most_once = [   # the pull's rebase and w_global's snapshot: not after every push
@@ -92,3 +92,7 @@ def test_the_chiefs_calls_every_minibatch_of_two_vws():
     assert all(calls.get(op, 0.0) <= 1.5 for op in at_most_once), every
     # No update of its own: it runs inside the stage's task.
     assert not [op for op in calls if op.endswith("weights.py apply")], calls
+    # No metrics update or logs read of their own: the logs of this model (its loss alone)
+    # are computed from the VWs' states on the host, without a call.
+    assert not [op for op in calls if "update_metrics" in op or "transport.py" in op
+                or "vw_metrics.py logs" in op], calls

@@ -45,8 +45,10 @@ def main() -> None:
                         verbose=0)
     counts = {v.path: float(v.numpy()) for m in model.metrics for v in m.variables
               if v.path.endswith("count")}   # the last epoch's samples, per metric
-    print(json.dumps({"loss": history.history["loss"],
-                      "accuracy": history.history["accuracy"], "counts": counts}), flush=True)
+    training = strategy.extended.pipelines[id(model)]
+    per_vw = training.vw_metrics is not None and training.vw_metrics.active
+    print(json.dumps({"loss": history.history["loss"], "accuracy": history.history["accuracy"],
+                      "counts": counts, "per_vw": per_vw}), flush=True)
     strategy.close()
     os._exit(0)
 

@@ -1,8 +1,10 @@
 """The model's metrics when several virtual workers update them from remote tasks: a
 cluster job (2 worker + 1 ps `tf.distribute.Server` processes on 127.0.0.1, a chief
 process, 2 one-stage VWs, Adam) reports the training accuracy of the same run in one
-process (hetpipe_tf/ps/shared_calls.py `shapes_first`: each VW's update runs whole under the
-shared metrics lock)."""
+process. Each VW updates its own copy of the metric state inside its stage's call
+(hetpipe_tf/strategy/vw_metrics.py) and Keras reads the VWs' states summed; a model with a
+non-additive metric keeps the shared path (hetpipe_tf/ps/shared_calls.py `shapes_first`:
+each VW's update runs whole under the shared metrics lock, tests/ps/test_shared_calls.py)."""
 
 import json
 import subprocess
@@ -28,6 +30,7 @@ def test_two_vws_on_server_processes_report_the_one_process_training_accuracy():
     with start_local_servers({"worker": 2, "ps": 1},
                              own_process=()) as servers:  # no victim: one serving process
         remote = _chief(servers.cluster)
+    assert local["per_vw"] and remote["per_vw"], (local, remote)
     # The task is converged after the first epoch: every later epoch is exactly 1.0.
     assert local["accuracy"][1:] == [1.0] * (EPOCHS - 1), local
     assert all(a <= 1.0 for a in remote["accuracy"]), remote

@@ -163,5 +163,43 @@ def test_a_reset_mid_epoch_counts_from_there():
                       "loss/count": SAMPLES - 4.0 * BATCH}, counts
 
 
+def _two_outputs(name="two") -> keras.Model:
+    init = keras.initializers.GlorotUniform(seed=5)
+    inp = keras.Input((6,))
+    h = keras.layers.Dense(8, activation="tanh", kernel_initializer=init, name="h")(inp)
+    a = keras.layers.Dense(1, activation="sigmoid", kernel_initializer=init, name="a")(h)
+    b = keras.layers.Dense(1, kernel_initializer=init, name="b")(h)
+    return keras.Model(inp, [a, b], name=name)
+
+
+def _fit_two_outputs():
+    x, y = _data()
+    probe = _two_outputs()
+    plans = [even_plan(probe, [DEVICES[0]], n_m=1), even_plan(probe, [DEVICES[1]], n_m=1)]
+    with HetPipeStrategy(plan=plans, clock_distance=1, compensation="none") as strategy:
+        with strategy.scope():
+            model = _two_outputs()
+            model.compile(keras.optimizers.SGD(0.0), ["binary_crossentropy", "mse"],
+                          metrics=[["accuracy"], ["mae"]])
+        # Batch 10: a remainder batch of 6, which the per-output trackers weigh by its
+        # own size.
+        history = model.fit(x, [y, x[:, :1]], batch_size=10, epochs=2, shuffle=False,
+                            verbose=0)
+        vm = strategy.extended.pipelines[id(model)].vw_metrics
+        active = vm is not None and vm.active
+    return history.history, active
+
+
+def test_per_output_loss_trackers_and_metrics_of_two_outputs(monkeypatch):
+    per_vw, active = _fit_two_outputs()
+    assert active
+    monkeypatch.setattr(build, "_vw_metrics", lambda *a, **k: None)
+    shared, active = _fit_two_outputs()
+    assert not active
+    assert set(per_vw) == set(shared) and len(shared) >= 5, shared
+    for key in shared:
+        np.testing.assert_allclose(per_vw[key], shared[key], rtol=1e-5, err_msg=key)
+
+
 if __name__ == "__main__":
     pytest.main([__file__])

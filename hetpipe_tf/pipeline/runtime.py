@@ -9,7 +9,9 @@ takes tasks from its FIFO queue in the order they became ready: a forward task w
 previous stage sent p's activations, a backward task when the next stage sent p's output
 gradients; the last stage runs forward, loss and backward of p as one task and updates the
 loss and compiled metrics, in minibatch order (with one virtual worker inside the same
-compiled call; with several, as a call of its own under their shared metrics lock). When
+compiled call; with several, as a call of its own under their shared metrics lock, or,
+for one-stage VWs whose metrics all add, each VW's own copy of their state inside its
+task's call: `update_metrics.per_vw`, strategy/vw_metrics.py). When
 stage 0 finishes p's backward, p is committed: stage 0 applies its own part of u_p and
 snapshots its part of the version of p + N_m on its thread and device, and every other stage
 gets an apply task that does the same for its part on its own thread and device (each GPU

@@ -31,6 +31,7 @@ shared path for the whole model (strategy/build.py).
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, Callable, Sequence
 
@@ -43,7 +44,14 @@ from hetpipe_tf._shim import keras_metrics
 from hetpipe_tf.cluster.local import host_cpu_device
 
 _KERAS_METRICS = "keras.src.metrics."
-_TRUE, _FALSE = None, None   # host booleans for the calls' reset argument, made once
+
+
+@functools.cache
+def _reset_flags() -> tuple:
+    """(False, True) as host bool tensors, made once: the calls' `reset` argument (a
+    tensor, so both values share one trace)."""
+    with tf.init_scope():
+        return tf.constant(False), tf.constant(True)
 
 
 def _keras_own(metric, method: str) -> bool:
@@ -101,7 +109,6 @@ class VwMetrics:
     def __init__(self, metrics: Sequence, update_state: Callable, results: Callable,
                  num_vws: int, place_locally: Callable, per_output: bool = False,
                  shown: Sequence | None = None):
-        global _TRUE, _FALSE
         self.variables = [v for m in metrics for v in m.variables]
         self._means = _host_means(metrics, self.variables, shown)
         self.per_output = per_output
@@ -123,9 +130,6 @@ class VwMetrics:
         self._logs: tuple[int, dict | None] = (0, None)
         self._result_fn = tf.function(self._result_impl)
         self._assign_fn = tf.function(self._assign_impl)
-        with tf.init_scope():
-            if _TRUE is None:
-                _TRUE, _FALSE = tf.constant(True), tf.constant(False)
 
     # --- built with the runtimes ---------------------------------------------------------
     def enroll(self, vw: int, device: str, eligible: bool) -> None:
@@ -141,10 +145,11 @@ class VwMetrics:
 
     @property
     def active(self) -> bool:
-        """Every VW enrolled an eligible pipeline (fixed at the first minibatch)."""
+        """Every VW enrolled an eligible pipeline (fixed once all have enrolled)."""
         if self._active is None:
-            self._active = (len(self._eligible) == self._num_vws
-                            and all(self._eligible.values()))
+            if len(self._eligible) < self._num_vws:
+                return False
+            self._active = all(self._eligible.values())
         return self._active
 
     # --- a VW's minibatch (its stage thread) ---------------------------------------------
@@ -153,7 +158,7 @@ class VwMetrics:
         is true when its copy still counts from before the last reset."""
         with self._lock:
             g = self._generation
-            return g, (_FALSE if self._seen.get(vw) == g else _TRUE), self._copies[vw]
+            return g, _reset_flags()[self._seen.get(vw) != g], self._copies[vw]
 
     def store(self, vw: int, generation: int, values: np.ndarray) -> None:
         """VW `vw`'s state after its call (the call's packed output, read to the host);

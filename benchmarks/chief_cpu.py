@@ -20,6 +20,10 @@ binary (connecting to a cluster changes a process's TensorFlow context for good)
   the user's dataset and sends each minibatch to its VW);
 - "1-proc": the same plans on V logical CPU devices of one process (`Cluster.local`).
 
+`--steps_per_execution` (Keras' compile argument, default 1) runs that many minibatches per
+call of Keras' train function in the HetPipe and one-process fits: Keras' own knob, the
+counterpart of PSS K (its callbacks then see logs once per call, as with any strategy).
+
 Every figure comes from one timed fit (or one schedule-and-join) of V x --minibatches
 minibatches after an untimed one of the same length that builds and traces everything:
 chief CPU ms per minibatch (the chief process's CPU time, `time.process_time`, every
@@ -61,6 +65,10 @@ _N_M = flags.DEFINE_integer("n_m", 1, "N_m: minibatches per wave.", lower_bound=
 _D = flags.DEFINE_integer("clock_distance", 1, "WSP clock distance D.", lower_bound=0)
 _K = flags.DEFINE_integer("steps_per_function", 8, "K: minibatches per scheduled function "
                           "of the PSS K column.", lower_bound=1)
+_SPE = flags.DEFINE_integer("steps_per_execution", 1, "Keras' compile(steps_per_execution=) "
+                            "of the HetPipe and one-process fits: minibatches per call of "
+                            "Keras' train function (HetPipe's counterpart of PSS K).",
+                            lower_bound=1)
 _BREAKDOWN = flags.DEFINE_bool("breakdown", False, "Also print where the HetPipe chief's "
                                "CPU goes: by thread, and its calls by op and calling line.")
 _COMPENSATION = compensation_flag("none")
@@ -163,7 +171,8 @@ def _measure_hetpipe(vws: int, info: dict | None) -> dict:
         with strategy.scope():
             model = mlp(keras, width, "mlp")
             model.compile(keras.optimizers.Adam(1e-4),
-                          keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          steps_per_execution=_SPE.value)
         bs = _BATCH_SIZE.value
         model.fit(x, y, batch_size=bs, verbose=0)   # build and trace
         with _Meter(counter, info["pids"] if info else []) as meter:
@@ -249,7 +258,8 @@ def _child(mode: str, vws: int, info: dict | None) -> dict:
             f"--virtual_workers={vws}", f"--params={_PARAMS.value}",
             f"--minibatches={_MINIBATCHES.value}", f"--batch_size={_BATCH_SIZE.value}",
             f"--n_m={_N_M.value}", f"--clock_distance={_D.value}",
-            f"--steps_per_function={_K.value}", f"--breakdown={_BREAKDOWN.value}",
+            f"--steps_per_function={_K.value}", f"--steps_per_execution={_SPE.value}",
+            f"--breakdown={_BREAKDOWN.value}",
             f"--compensation={_COMPENSATION.value}"]
     if info is not None:
         args.append(json.dumps(info))
@@ -294,7 +304,8 @@ def main(argv: list[str]) -> None:
     params = (FEATURES + 1) * w + (DEPTH - 1) * (w + 1) * w + (w + 1) * 10
     print(f"setting: V VWs x 1 stage, one per worker task, w_global on 1 ps task; MLP of "
           f"{params:,} parameters, batch {_BATCH_SIZE.value}, Adam, N_m={_N_M.value}, "
-          f"D={_D.value}, compensation {comp.value}; PSS: the same model on V workers + 1 "
+          f"D={_D.value}, compensation {comp.value}, Keras steps_per_execution "
+          f"{_SPE.value}; PSS: the same model on V workers + 1 "
           f"ps, K={_K.value}; one timed fit of V x {_MINIBATCHES.value} minibatches; all "
           "processes on 127.0.0.1 (one machine, shared cores)")
     print(f"{'V':>3} {'chief CPU ms/mb':>15} {'PSS 1':>6} {'PSS K':>6} "

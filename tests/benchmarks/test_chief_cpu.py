@@ -17,9 +17,11 @@ _ROW = re.compile(r"^\s*(\d+)" + r"\s+([\d.]+)" * 11 + r"$")
 
 def test_one_row_per_vw_count_with_pss_beside():
     ran = run_main("benchmarks.chief_cpu", "--virtual_workers=1", "--minibatches=2",
-                   "--params=2000", "--batch_size=4", "--steps_per_function=2")
+                   "--params=2000", "--batch_size=4", "--steps_per_function=2",
+                   "--steps_per_execution=2")
     lines = ran.stdout.strip().splitlines()
     assert lines[0].startswith("setting: V VWs x 1 stage") and "K=2" in lines[0], ran.stdout
+    assert "Keras steps_per_execution 2" in lines[0], lines[0]
     assert "chief CPU ms/mb" in lines[1] and "PSS K" in lines[1] and "wall eff" in lines[1]
     row = _ROW.match(lines[2])
     assert row, ran.stdout
@@ -27,8 +29,9 @@ def test_one_row_per_vw_count_with_pss_beside():
         pss_cluster = (float(g) for g in row.groups())
     assert v == 1 and chief > 0 and cluster >= chief and local > 0, ran.stdout
     assert pss1 > 0 and pss_cluster > 0 and cpu_eff > 0 and wall_eff > 0, ran.stdout
-    # Every HetPipe minibatch makes at least its stage's call and the Keras step's; PSS
-    # makes one scheduled call a minibatch, one per K = 2 in the K column.
+    # Every HetPipe minibatch makes at least its stage's call and its update's (one VW),
+    # and Keras' step a call per 2 minibatches; PSS makes one scheduled call a
+    # minibatch, one per K = 2 in the K column.
     assert calls >= 2 and pss1_calls == 1.0 and pssk_calls == 0.5, ran.stdout
 
 

@@ -11,7 +11,7 @@ gradients; the last stage runs forward, loss and backward of p as one task and u
 loss and compiled metrics, in minibatch order (with one virtual worker inside the same
 compiled call; with several, as a call of its own under their shared metrics lock, or,
 for one-stage VWs whose metrics all add, each VW's own copy of their state inside its
-task's call: `update_metrics.per_vw`, strategy/vw_metrics.py). When
+task's call: `vw_metrics`, strategy/vw_metrics.py). When
 stage 0 finishes p's backward, p is committed: stage 0 applies its own part of u_p and
 snapshots its part of the version of p + N_m on its thread and device, and every other stage
 gets an apply task that does the same for its part on its own thread and device (each GPU
@@ -108,17 +108,16 @@ class PipelineRuntime(ThreadedExecutor):
                  update_thread: bool = False, metrics_lock: threading.Lock | None = None,
                  vw: int = 0, history: int = DEFAULT_HISTORY, plan=None,
                  on_run_start: Callable[[], None] | None = None,
-                 on_run_end: Callable[[], None] | None = None):
+                 on_run_end: Callable[[], None] | None = None, vw_metrics=None):
         self.n_m = n_m
         self._init_pipeline(stages, weights, vw=vw, history=history, plan=plan,
                             update_metrics=update_metrics, metrics_lock=metrics_lock,
                             after_apply=after_apply, on_run_start=on_run_start,
                             on_run_end=on_run_end, trace=trace)
-        # Several VWs whose metric state is kept per VW (strategy/vw_metrics.py, handed
-        # over as `update_metrics.per_vw`): a one-stage VW updates its copy inside its
-        # task's call (`_run_and_commit`); every VW must, or none does.
-        self._vw_metrics = (None if self._fuse_metrics
-                            else getattr(update_metrics, "per_vw", None))
+        # Several VWs whose metric state is kept per VW (`vw_metrics`,
+        # strategy/vw_metrics.py): a one-stage VW updates its copy inside its task's call
+        # (`_run_and_commit`); every VW must, or none does.
+        self._vw_metrics = None if self._fuse_metrics else vw_metrics
         if self._vw_metrics is not None:
             self._vw_metrics.enroll(vw, self.stages[-1].device, len(self.stages) == 1
                                     and self.versions.stages[0].applies_in_task)

@@ -195,21 +195,25 @@ class StageWeights:
         is its own)."""
         return self.predictor is None and self.emulated_speed_factor >= 1.0
 
-    def _task_apply_impl(self, tvals, vvals, inputs, y, sample_weight):
-        wg, deltas, (loss, y_pred, masks) = self._task_stage.train_ops(
-            tvals, vvals, inputs, y, sample_weight, _loss_and_outputs)
+    def _train_and_update_ops(self, tvals, vvals, inputs, y, sample_weight, outputs):
+        """The stage's task (`outputs` gives what it returns) and w_local += u, then the
+        next version read after the updates (as in _apply_impl): (outputs, t, n)."""
+        wg, deltas, out = self._task_stage.train_ops(tvals, vvals, inputs, y, sample_weight,
+                                                     outputs)
         self.update_ops(wg, deltas)
-        t, n = self.read_ops()   # after the updates, as in _apply_impl
+        t, n = self.read_ops()
+        return out, t, n
+
+    def _task_apply_impl(self, tvals, vvals, inputs, y, sample_weight):
+        (loss, y_pred, masks), t, n = self._train_and_update_ops(
+            tvals, vvals, inputs, y, sample_weight, _loss_and_outputs)
         return loss, y_pred, masks, t, n
 
     def _task_metrics_impl(self, tvals, vvals, inputs, y, sample_weight, reset):
-        # As _task_apply_impl, with the VW's metric state updated in the same call.
-        update = functools.partial(self._task_metrics.update_ops, reset)
-        wg, deltas, state = self._task_stage.train_ops(
-            tvals, vvals, inputs, y, sample_weight, update)
-        self.update_ops(wg, deltas)
-        t, n = self.read_ops()
-        return state, t, n
+        # With the VW's metric state updated in the same call; returns it packed.
+        return self._train_and_update_ops(
+            tvals, vvals, inputs, y, sample_weight,
+            functools.partial(self._task_metrics.update_ops, reset))
 
     def apply_in_task(self, q: int, stage, tvals: Sequence, vvals: Sequence,
                       inputs: Sequence, y, sample_weight, metrics=None, reset=None):

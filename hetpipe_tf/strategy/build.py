@@ -187,15 +187,14 @@ def build_training(options, model, data, *, strategy, layout: Layout | None,
     mode = mode_for(options, layout)
     vw_metrics = _vw_metrics(options, model, mode, vws, update_state, original,
                              place_locally, per_output)
-    # Read by the VWs' pipelines (pipeline/runtime.py): None keeps the shared metrics.
-    update_metrics.per_vw = vw_metrics
     compensation, d = options.compensation, layout.clock_distance
     adjust = optimizer_adjustment(compensation.value, layout.n_m, vws, d)
     predictor = predictor_factory(compensation.value, layout.n_m, vws)
     log_choice(compensation.value, compensation.by_default, layout.n_m, vws, d,
                adjusted=adjust is not None)
     runtime = mode.build(Job(model, program, batch_size, layout, update_metrics, strategy,
-                             place_locally, adjust=adjust, predictor=predictor))
+                             place_locally, adjust=adjust, predictor=predictor,
+                             vw_metrics=vw_metrics))
     try:
         if not isinstance(runtime, InGraphRuntime):   # its threads wait on Keras' step
             check_inter_op_threads()

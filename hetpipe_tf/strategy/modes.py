@@ -51,6 +51,7 @@ class Job:
     place_locally: Callable[[], Any]   # variables keep the caller's device scope inside
     adjust: Any = None                 # compensation's optimizer adjustment (None: none)
     predictor: Callable[[str], Any] = lambda device: None   # compensation's, per device
+    vw_metrics: Any = None   # the metric state per VW (strategy/vw_metrics.py), or None
 
 
 class TrainingMode(abc.ABC):
@@ -104,7 +105,7 @@ class VirtualWorkers(TrainingMode):
             place_locally=job.place_locally,
             make_runtime=schedules.runtime_factory(o.schedule, job.update_metrics),
             fresh_pulls=o.wsp.fresh_pulls, strategy=job.strategy, adjust=job.adjust,
-            predictor=job.predictor, faults=o.faults)
+            predictor=job.predictor, faults=o.faults, vw_metrics=job.vw_metrics)
 
 
 class VirtualClock(TrainingMode):

@@ -83,7 +83,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
                           split: Shares | None = None,
                           strategy=None, adjust=None,
                           predictor: Callable[[str], Any] = lambda device: None,
-                          faults: FaultOptions | None = None) -> Coordinator:
+                          faults: FaultOptions | None = None,
+                          vw_metrics=None) -> Coordinator:
     """The coordinator of len(plans) virtual workers training `model` under WSP.
 
     `place_locally()` returns a context in which the strategy's variable creator keeps the
@@ -91,7 +92,8 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
     on the stage devices). `adjust` and `predictor` are staleness compensation's
     (strategy/compensation.py). `split`: every batch is cut into these shares, one per VW,
     each share's gradient weighted by n_k / N (ps/split.py), instead of whole batches going
-    to whichever VW is free.
+    to whichever VW is free. `vw_metrics`: the metric state per VW (strategy/vw_metrics.py)
+    the VWs' pipelines enroll in, or None (the model's metrics under a shared lock).
     """
     per_vw_stages = [Stage.for_plan(p, program, model) for p in plans]
     # Each variable once, in stage order (a dict keeps the first insertion's position).
@@ -116,7 +118,7 @@ def build_virtual_workers(model, program, plans: Sequence[Plan], n_m: int,
             # `make_runtime(stages, weights, plan, **kwargs)`: another schedule's executor
             # (strategy/schedules.py), driven by the same wave sync.
             make = make_runtime or (lambda st, wt, plan, **kw: PipelineRuntime(
-                st, wt, n_m, update_metrics, plan=plan, **kw))
+                st, wt, n_m, update_metrics, plan=plan, vw_metrics=vw_metrics, **kw))
             rt = make(stages, weights, plans[w], after_apply=sync.after_apply,
                       update_thread=True, metrics_lock=metrics_lock, vw=w)
             runtimes.append(rt)

@@ -76,6 +76,21 @@ def test_epoch_models_by_compensation():
         3.0 * 1.6 * 1.2)
 
 
+def _simulated_calls(monkeypatch) -> list:
+    """The candidates of each call of strategy/planning.py's `simulated_candidates`, one
+    list per call, in order."""
+    from hetpipe_tf.strategy import planning
+    calls, real = [], planning.simulated_candidates
+
+    def spy(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(planning, "simulated_candidates", spy)
+    return calls
+
+
+
 def test_the_planner_picks_in_the_cluster_model_it_is_given(monkeypatch):
     """With a cluster model (the strategy's clock=VirtualClock(cluster)) the planner
     simulates each N_m at the strategy's D and picks; without one it keeps the stage-time
@@ -88,15 +103,7 @@ def test_the_planner_picks_in_the_cluster_model_it_is_given(monkeypatch):
     from tests.strategy.helpers import skip_model
 
     gpus = Cluster.local(["TITAN_V", "RTX_2060"])
-    seen = []
-    real = planning.simulated_candidates
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        seen.append(out)
-        return out
-
-    monkeypatch.setattr(planning, "simulated_candidates", spy)
+    seen = _simulated_calls(monkeypatch)
     model = skip_model(0)
     model.compile(keras.optimizers.SGD(0.05), "mse")
     (plan,) = planning.plan_with_partitioner(model, 8, gpus, None, None, compensation="none")
@@ -123,17 +130,10 @@ def test_a_strategy_with_a_virtual_clock_and_no_n_m_trains_at_the_pick(monkeypat
 
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.sim import VirtualClock
-    from hetpipe_tf.strategy import HetPipeStrategy, planning
+    from hetpipe_tf.strategy import HetPipeStrategy
     from tests.strategy.helpers import regression_data, skip_model
 
-    seen = []
-    real = planning.simulated_candidates
-
-    def spy(*args, **kwargs):
-        seen.append(real(*args, **kwargs))
-        return seen[-1]
-
-    monkeypatch.setattr(planning, "simulated_candidates", spy)
+    seen = _simulated_calls(monkeypatch)
     cluster = Cluster.local(["TITAN_V", "RTX_2060"] * 2, hosts=2)
     strategy = HetPipeStrategy(cluster, allocation="NP", clock_distance=2,
                                clock=VirtualClock(cluster))
@@ -165,17 +165,9 @@ def test_a_strategy_given_nothing_trains_at_the_joint_pick_of_its_cluster_model(
     from hetpipe_tf import models
     from hetpipe_tf.cluster.spec import Cluster
     from hetpipe_tf.sim import VirtualClock
-    from hetpipe_tf.strategy import HetPipeStrategy, planning
+    from hetpipe_tf.strategy import HetPipeStrategy
 
-    seen = []
-    real = planning.simulated_candidates
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        seen.extend(out)
-        return out
-
-    monkeypatch.setattr(planning, "simulated_candidates", spy)
+    calls = _simulated_calls(monkeypatch)
     cluster = Cluster.local(["TITAN_V", "TITAN_V", "QUADRO_P4000", "QUADRO_P4000"], hosts=2)
     strategy = HetPipeStrategy(cluster, clock=VirtualClock(cluster))
     with strategy.scope():
@@ -187,6 +179,7 @@ def test_a_strategy_given_nothing_trains_at_the_joint_pick_of_its_cluster_model(
     with strategy:
         history = model.fit(x, y, batch_size=8, epochs=1, verbose=2)
     printed = capsys.readouterr().out
+    seen = [c for cands in calls for c in cands]
     assert {c.clock_distance for c in seen} == {0, 4, 32}
     assert {c.label for c in seen} == {"NP", "ED"}   # HD forms ED's VWs here: once
     m = EPOCH_MODELS["compensated"]

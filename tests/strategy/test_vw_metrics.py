@@ -51,12 +51,17 @@ class Renamed(keras.metrics.MeanMetricWrapper):
         super().__init__(fn=keras.metrics.binary_accuracy, name=name, **kwargs)
 
 
+def _two_vw_plans(make=None) -> list:
+    """2 one-stage VWs of the model `make()` builds (`_model` by default), N_m = 1."""
+    probe = (make or _model)()
+    return [even_plan(probe, [DEVICES[0]], n_m=1), even_plan(probe, [DEVICES[1]], n_m=1)]
+
+
 def _fit(metrics, *, epochs=2, learning_rate=0.0):
     """2 one-stage VWs (N_m = 1, D = 1); SGD at `learning_rate` (0: every minibatch sees the
     same weights, so which VW takes which batch does not matter)."""
     x, y = _data()
-    probe = _model()
-    plans = [even_plan(probe, [DEVICES[0]], n_m=1), even_plan(probe, [DEVICES[1]], n_m=1)]
+    plans = _two_vw_plans()
     strategy = HetPipeStrategy(plan=plans, clock_distance=1, compensation="none")
     with strategy.scope():
         model = _model()
@@ -105,8 +110,7 @@ def test_the_loss_alone_is_computed_on_the_host_and_matches(monkeypatch):
 def test_a_converged_task_reports_accuracy_exactly_one():
     x, y = _data()
     y = (x[:, :1] > 0).astype("float32")   # separable
-    probe = _model()
-    plans = [even_plan(probe, [DEVICES[0]], n_m=1), even_plan(probe, [DEVICES[1]], n_m=1)]
+    plans = _two_vw_plans()
     with HetPipeStrategy(plan=plans, clock_distance=0, compensation="none") as strategy:
         with strategy.scope():
             model = _model()
@@ -141,8 +145,7 @@ def test_a_reset_mid_epoch_counts_from_there():
     """`reset_metrics` from a batch callback: the logs and the epoch's metrics count only
     the minibatches after it (none counted twice, none from before)."""
     x, y = _data()
-    probe = _model()
-    plans = [even_plan(probe, [DEVICES[0]], n_m=1), even_plan(probe, [DEVICES[1]], n_m=1)]
+    plans = _two_vw_plans()
     with HetPipeStrategy(plan=plans, clock_distance=1, compensation="none") as strategy:
         with strategy.scope():
             model = _model()
@@ -174,8 +177,7 @@ def _two_outputs(name="two") -> keras.Model:
 
 def _fit_two_outputs():
     x, y = _data()
-    probe = _two_outputs()
-    plans = [even_plan(probe, [DEVICES[0]], n_m=1), even_plan(probe, [DEVICES[1]], n_m=1)]
+    plans = _two_vw_plans(_two_outputs)
     with HetPipeStrategy(plan=plans, clock_distance=1, compensation="none") as strategy:
         with strategy.scope():
             model = _two_outputs()

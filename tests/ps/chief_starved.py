@@ -12,6 +12,7 @@ default device (as `loss + extra` did), one per inter-op thread. Prints one JSON
 whether the other VW's call finished, in how many seconds, after each.
 """
 
+import faulthandler
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def main() -> None:
+    faulthandler.enable()   # a crash names its Python stacks in the test's message
     args = json.loads(sys.argv[1])
     import tensorflow as tf
 
@@ -94,7 +96,9 @@ def main() -> None:
         t.join(args["wait_s"])
         out[where] = {"done": "value" in done, "seconds": round(time.monotonic() - t0, 2)}
     print(json.dumps(out), flush=True)
-    os.kill(args["victim_pid"], signal.SIGCONT)
+    # Exit with worker:0 still frozen: resumed, it would answer the stuck adds while this
+    # process tears down under them (a crash at exit under load). The test's
+    # start_local_servers kills it, stopped or not.
     os._exit(0)   # threads stuck on the frozen task must not hold the exit
 
 

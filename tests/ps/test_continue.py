@@ -412,7 +412,7 @@ def test_a_chief_kernel_waiting_for_a_frozen_task_holds_an_inter_op_thread_for_g
         proc = subprocess.run([sys.executable, "-m", "tests.ps.chief_starved",
                                json.dumps(args)], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["task"]["done"] is True, out
     assert out["chief"]["done"] is False, out

@@ -18,8 +18,11 @@ gets an apply task that does the same for its part on its own thread and device 
 updates its own weights, as in HetPipe), FIFO before any later forward of that stage (no
 drain between waves; `weights.py`). A VW of one stage among several applies u_p inside
 its task's compiled call instead (`StageWeights.apply_in_task`, the same numerics bit for
-bit, one remote call fewer in a cluster job): p is committed when that task starts.
-`drain` waits until every submitted minibatch
+bit, one remote call fewer in a cluster job): p is committed when that task starts. With
+its own metric state, when the N_m - 1 minibatches behind p are already queued (Keras' step
+a wave ahead of the stage, as in a cluster job), they join p's call: N_m minibatches, their
+updates and versions in one call with the numerics of one call each, and one read of the
+state (`_take_queued`; `joined` counts them). `drain` waits until every submitted minibatch
 completed; the next `submit` then starts a new run whose first N_m minibatches use the
 drained weights.
 
@@ -53,9 +56,10 @@ import tensorflow as tf
 from hetpipe_tf.core.schedule import Task, TaskKind
 from hetpipe_tf.pipeline import tied, transport
 from hetpipe_tf.pipeline.executor import PipelineError, ThreadedExecutor  # noqa: F401 - public here
+from hetpipe_tf.pipeline.minibatch import Minibatch, scaled
 from hetpipe_tf.pipeline.stage import Stage
 from hetpipe_tf.pipeline.weights import WeightVersions
-from hetpipe_tf.pipeline.workers import Loop
+from hetpipe_tf.pipeline.workers import Loop, take_queued
 from hetpipe_tf.pipeline.window import DEFAULT_HISTORY
 
 _APPLY = "apply"   # a stage's task: apply its part of a committed minibatch's update
@@ -75,23 +79,6 @@ class RecordView(Mapping):
 
     def __len__(self) -> int:
         return len(self._last)
-
-
-@dataclasses.dataclass
-class Minibatch:
-    id: int
-    inputs: list
-    y: Any
-    sample_weight: Any
-    saved: dict = dataclasses.field(default_factory=dict)
-    grads: dict = dataclasses.field(default_factory=dict)
-    deltas: dict = dataclasses.field(default_factory=dict)
-    extra_loss: Any = 0.0
-    run: int = 0   # the runtime's run id when submitted; an abort drops older runs' work
-    tied: dict = dataclasses.field(default_factory=dict)        # lent versions (tied.py)
-    tied_grads: dict = dataclasses.field(default_factory=dict)  # borrowers' gradients
-    # A share of a split batch (ps/split.py): its gradients and float deltas times n_k / N.
-    loss_scale: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +105,7 @@ class PipelineRuntime(ThreadedExecutor):
         # strategy/vw_metrics.py): a one-stage VW updates its copy inside its task's call
         # (`_run_and_commit`); every VW must, or none does.
         self._vw_metrics = None if self._fuse_metrics else vw_metrics
+        self.joined = 0   # minibatches run in the call of an earlier one (`_take_queued`)
         if self._vw_metrics is not None:
             self._vw_metrics.enroll(vw, self.stages[-1].device, len(self.stages) == 1
                                     and self.versions.stages[0].applies_in_task)
@@ -208,7 +196,7 @@ class PipelineRuntime(ThreadedExecutor):
 
     def _run_task(self, j: int, stage: Stage, kind, mb: Minibatch, payload, t0):
         if kind == _APPLY:
-            self.versions.apply(j, mb.id, *_scaled(mb, j, stage.device))
+            self.versions.apply(j, mb.id, *scaled(mb, j, stage.device))
             return
         if kind is TaskKind.FORWARD:
             inputs = mb.inputs if j == 0 else payload
@@ -287,35 +275,80 @@ class PipelineRuntime(ThreadedExecutor):
         with self._cond:
             if mb.run != self._run:
                 return   # aborted before its commit: dropped
-        tvals, nvals = self.versions.take(mb.id, 0)
         if self._per_vw_metrics:
-            # The VW's own metric state is updated inside the call, which returns it
-            # (one host read); Keras' logs are the VWs' states summed (vw_metrics.py).
-            vm = self._vw_metrics
-            generation, reset, copy = vm.begin(self.vw)
-            state = self.versions.apply_in_task(mb.id, stage, tvals, nvals, mb.inputs,
-                                                mb.y, mb.sample_weight, metrics=copy,
-                                                reset=reset)
-            del tvals, nvals
-            self._record(0, TaskKind.FORWARD_BACKWARD, mb.id, t0)
-            # Before p completes: Keras reads the metrics once the run drained.
-            vm.store(self.vw, generation, state.numpy())
-            self.logs_time = time.perf_counter()
-        else:
-            loss, y_pred = self.versions.apply_in_task(mb.id, stage, tvals, nvals,
-                                                       mb.inputs, mb.y, mb.sample_weight)
-            del tvals, nvals
-            self._record(0, TaskKind.FORWARD_BACKWARD, mb.id, t0)
-            # Before p completes: Keras reads the metrics once the run drained.
-            with self._metrics_lock, tf.device(stage.device):
-                logs = self._update_metrics(loss, mb.y, y_pred, mb.sample_weight)
-                stamp = time.perf_counter()
-            self._set_logs(logs, stamp)
+            self._run_queued_in_one_call(stage, mb, t0)
+            return
+        tvals, nvals = self.versions.take(mb.id, 0)
+        loss, y_pred = self.versions.apply_in_task(mb.id, stage, tvals, nvals,
+                                                   mb.inputs, mb.y, mb.sample_weight)
+        del tvals, nvals
+        self._record(0, TaskKind.FORWARD_BACKWARD, mb.id, t0)
+        # Before p completes: Keras reads the metrics once the run drained.
+        with self._metrics_lock, tf.device(stage.device):
+            logs = self._update_metrics(loss, mb.y, y_pred, mb.sample_weight)
+            stamp = time.perf_counter()
+        self._set_logs(logs, stamp)
         self.update_s.append(0.0)   # the update ran inside the task's span
         if self._updates is not None:
             self._put(self._updates, mb)
         else:
             self._completed(mb)
+
+    def _run_queued_in_one_call(self, stage: Stage, mb: Minibatch, t0: float) -> None:
+        """`_run_and_commit` with the VW's own metric state (vw_metrics.py): p and the
+        minibatches queued behind it, committed now, in one call with the numerics of one
+        call each (`apply_in_task`'s `more`); the state is read once, after the last."""
+        batch, after = self._take_queued(mb)
+        ran = False
+        try:
+            self.joined += len(batch) - 1
+            vm = self._vw_metrics
+            generation, reset, copy = vm.begin(self.vw)
+            taken = [self.versions.take(m.id, 0) for m in batch]
+            (tvals, nvals), more = taken[0], [
+                (t, n, m.inputs, m.y, m.sample_weight) for m, (t, n) in zip(batch[1:], taken[1:])]
+            state = self.versions.apply_in_task(mb.id, stage, tvals, nvals, mb.inputs,
+                                                mb.y, mb.sample_weight, metrics=copy,
+                                                reset=reset, more=more)
+            del taken, tvals, nvals, more
+            for m in batch:
+                self._record(0, TaskKind.FORWARD_BACKWARD, m.id, t0)
+            # Before they complete: Keras reads the metrics once the run drained.
+            vm.store(self.vw, generation, state.numpy())
+            self.logs_time = time.perf_counter()
+            for m in batch:
+                self.update_s.append(0.0)   # the update ran inside the task's span
+                if self._updates is not None:
+                    self._put(self._updates, m)
+                else:
+                    self._completed(m)
+            ran = True
+        finally:
+            for item in batch[1:]:
+                self._done(item)   # taken off the queue here, not by the stage's loop
+            for item in after:     # not for this call: as the loop runs (or drops) it
+                try:
+                    if ran:
+                        self._execute(0, item)
+                except BaseException as e:  # noqa: BLE001 - as Workers forwards it
+                    self._fail(e, self._where(0, item))
+                finally:
+                    self._done(item)
+
+    def _take_queued(self, mb: Minibatch) -> tuple[list, list]:
+        """p and, when all N_m - 1 minibatches behind it are queued (all or none: one trace
+        per N_m), those that join p's call (consecutive, this run's); and the items taken
+        that do not (run after the call, in order). Nothing of another run can be queued
+        while p's task runs: an abort waits for it."""
+        batch, after = [mb], []
+        for item in take_queued(self._queues[0], self.n_m - 1):
+            kind, nxt, _ = item
+            with self._cond:
+                joins = (not after and kind is TaskKind.FORWARD_BACKWARD
+                         and nxt.run == self._run and nxt.id == batch[-1].id + 1
+                         and self._error is None and self._applies_in_task(nxt))
+            (batch if joins else after).append(nxt if joins else item)
+        return batch, after
 
     def _set_logs(self, logs: dict, stamp: float) -> None:
         # Host values, read here: handing the eager tensors to the Keras step's thread
@@ -345,7 +378,7 @@ class PipelineRuntime(ThreadedExecutor):
             for j in range(1, len(self.stages)):   # FIFO before the stage's later forwards
                 self._put(self._queues[j], (_APPLY, mb, None))
         t0 = time.perf_counter()
-        self.versions.apply(0, mb.id, *_scaled(mb, 0, self.stages[0].device))
+        self.versions.apply(0, mb.id, *scaled(mb, 0, self.stages[0].device))
         # Seconds of stage 0's own update (optimizer + its next snapshot): work outside every
         # task span on stage 0's thread.
         self.update_s.append(time.perf_counter() - t0)
@@ -353,26 +386,3 @@ class PipelineRuntime(ThreadedExecutor):
             self._put(self._updates, mb)
         else:
             self._completed(mb)
-
-
-def _scaled(mb: Minibatch, j: int, device: str) -> tuple[list, list]:
-    """Stage j's gradients and non-trainable deltas of `mb`, times its loss scale (a split
-    batch's share n_k / N: the gradient is linear in the loss, so this is the gradient of
-    the weighted loss; the metrics saw the unweighted one), on stage j's `device`."""
-    grads, deltas = mb.grads.pop(j), mb.deltas.pop(j)
-    s = mb.loss_scale
-    if s is None:
-        return grads, deltas
-    with tf.device(device):   # unpinned, eager ops run on the caller's default device:
-        return _times(grads, deltas, s)   # in a cluster job the chief (cluster_jobs.md)
-
-
-def _times(grads: list, deltas: list, s: float) -> tuple[list, list]:
-    """Every float gradient and delta times s (IndexedSlices: their values)."""
-    def times(x):
-        if x is None or not x.dtype.is_floating:
-            return x
-        if isinstance(x, tf.IndexedSlices):
-            return tf.IndexedSlices(x.values * tf.cast(s, x.dtype), x.indices, x.dense_shape)
-        return x * tf.cast(s, x.dtype)
-    return [times(g) for g in grads], [times(d) for d in deltas]

@@ -209,14 +209,21 @@ class StageWeights:
             tvals, vvals, inputs, y, sample_weight, _loss_and_outputs)
         return loss, y_pred, masks, t, n
 
-    def _task_metrics_impl(self, tvals, vvals, inputs, y, sample_weight, reset):
-        # With the VW's metric state updated in the same call; returns it packed.
-        return self._train_and_update_ops(
-            tvals, vvals, inputs, y, sample_weight,
-            functools.partial(self._task_metrics.update_ops, reset))
+    def _task_metrics_impl(self, minibatches, reset):
+        # Consecutive minibatches, each with the VW's metric state updated after it (zeroed
+        # first if `reset`); returns the last state packed and each next version, in order.
+        versions = []
+        for i, (tvals, vvals, inputs, y, sample_weight) in enumerate(minibatches):
+            state, t, n = self._train_and_update_ops(
+                tvals, vvals, inputs, y, sample_weight,
+                functools.partial(self._task_metrics.update_ops,
+                                  reset if i == 0 else tf.constant(False)))
+            versions.append((t, n))
+        return state, versions
 
     def apply_in_task(self, q: int, stage, tvals: Sequence, vvals: Sequence,
-                      inputs: Sequence, y, sample_weight, metrics=None, reset=None):
+                      inputs: Sequence, y, sample_weight, metrics=None, reset=None,
+                      more: Sequence[tuple] = ()):
         """The only stage's task of minibatch q and u_q in one compiled call (one remote
         call, not two): `stage.train_ops` (forward, loss, backward), then w_local += u_q
         and the version of q + N_m, as `Stage.forward_backward` followed by `apply`.
@@ -224,7 +231,11 @@ class StageWeights:
         strategy/vw_metrics.py: `update_ops(reset, loss, y, y_pred, sample_weight)` ops
         returning its new state as one vector, `per_output`), the state is updated in the
         same call (zeroed first if the bool tensor `reset` is true) and that vector is
-        returned instead. Call on the stage's thread."""
+        returned instead; then `more` may hold minibatches q + 1, q + 2, ... as
+        (tvals, vvals, inputs, y, sample_weight), run after q in the same call exactly as
+        calls of their own would run them (each reads the version it was given; the updates
+        and the metric state follow in minibatch order), and the state after the last is
+        returned. Call on the stage's thread."""
         with self._write_lock:
             with self._lock:
                 if q != self.applied + 1:
@@ -235,6 +246,9 @@ class StageWeights:
                 self._task_apply_fn = compiled_method(self._task_apply_impl,
                                                       reduce_retracing=True)
                 self._task_metrics = None
+            if more and metrics is None:
+                raise ValueError("Several minibatches in one call need the VW's metric "
+                                 f"state. Received: more={len(more)} minibatches, metrics=None.")
             if metrics is not None and self._task_metrics is not metrics:
                 self._task_metrics = metrics   # traced with this state
                 # Per-output loss trackers weigh by the static batch size: one trace
@@ -243,18 +257,20 @@ class StageWeights:
                     self._task_metrics_impl, reduce_retracing=not metrics.per_output)
             with tf.device(self.device):
                 if metrics is not None:
-                    out, t, n = self._task_metrics_fn(
-                        list(tvals), list(vvals), list(inputs), y, sample_weight, reset)
+                    batch = [(list(tvals), list(vvals), list(inputs), y, sample_weight)]
+                    batch += [(list(a), list(b), list(c), d, e) for a, b, c, d, e in more]
+                    out, versions = self._task_metrics_fn(batch, reset)
                 else:
                     loss, y_pred, masks, t, n = self._task_apply_fn(
                         list(tvals), list(vvals), list(inputs), y, sample_weight)
-                    out = (loss, y_pred)
+                    out, versions = (loss, y_pred), [(t, n)]
                     for x, m in zip(keras.tree.flatten(y_pred), masks):
                         if m is not None:   # Keras masks do not cross a call's boundary
                             keras_graph.set_keras_mask(x, m)
             with self._lock:
-                self.applied = q
-                self._versions[q + self._n_m] = (q, tuple(t), tuple(n))
+                for i, (t, n) in enumerate(versions):
+                    self._versions[q + i + self._n_m] = (q + i, tuple(t), tuple(n))
+                self.applied = q + len(versions) - 1
         return out
 
     def state_after(self, q: int) -> tuple[tuple, tuple]:

@@ -32,6 +32,22 @@ def thread_scope() -> Any:
     return tf_executors.own_executor() if connected_to_cluster() else contextlib.nullcontext()
 
 
+def take_queued(q: queue.Queue, n: int) -> list:
+    """The next `n` items of `q` if at least `n` are queued, else none (call only from the
+    thread that takes `q`'s items: then none leaves meanwhile); a `STOP` among them stays
+    (put back: it is the last item a queue gets) and ends the list."""
+    items: list = []
+    if n < 1 or q.qsize() < n:
+        return items
+    for _ in range(n):
+        item = q.get_nowait()
+        if item is STOP:
+            q.put(item)
+            break
+        items.append(item)
+    return items
+
+
 def _nothing(item: Any) -> None:
     return None
 

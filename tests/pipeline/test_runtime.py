@@ -93,29 +93,6 @@ def test_several_vws_add_the_last_stages_loss_and_extra_on_that_stages_device():
     strategy.close()
 
 
-def test_a_split_batchs_scaled_gradients_stay_on_their_stages_device():
-    """A share's gradients times n_k / N (ps/split.py) are made on the stage's device: an
-    unpinned eager op runs on the caller's default device (CPU:0 here, the chief in a
-    cluster job, where each minibatch's gradients would cross the wire twice)."""
-    from hetpipe_tf.pipeline.runtime import Minibatch, _scaled
-
-    with tf.device("/CPU:2"):
-        dense = tf.ones([3, 2])
-        rows = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1]), tf.constant([3, 2]))
-        delta = tf.fill([2], 4.0)
-    mb = Minibatch(1, [], None, None, loss_scale=0.25)
-    mb.grads[0], mb.deltas[0] = [dense, rows, None], [delta]
-    grads, deltas = _scaled(mb, 0, "/CPU:2")
-    for t in (grads[0], grads[1].values, deltas[0]):
-        assert tf.DeviceSpec.from_string(t.device).device_index == 2, t.device
-    assert float(tf.reduce_sum(grads[0])) == 1.5 and float(deltas[0][0]) == 1.0
-    assert float(tf.reduce_sum(grads[1].values)) == 0.5 and grads[2] is None
-    mb.grads[1], mb.deltas[1] = [dense], []
-    mb.loss_scale = None   # a whole batch: the gradients as they are
-    assert _scaled(mb, 1, "/CPU:2")[0][0] is dense
-
-
-
 def _apply_paths(n_m: int, optimizer, steps: int = 4) -> list[tuple[list, list]]:
     """[(losses, final w_local and optimizer state)] of VW 0's only stage over `steps`
     minibatches from the same state, its update a call of its own (`forward_backward`
@@ -217,3 +194,77 @@ def test_the_task_and_update_call_hands_the_metrics_y_pred_with_its_keras_mask()
     assert want is not None and got is not None
     np.testing.assert_array_equal(got.numpy(), want.numpy())
     strategy.close()
+
+
+def _one_call_paths(n_m: int, optimizer, steps: int) -> list[tuple[list, list]]:
+    """[(metric state after each call, w_local, optimizer and metric state, each version
+    taken)] of VW 0's only stage over `steps` minibatches from the same state (its metrics
+    state per VW): one `apply_in_task` call per minibatch, then the minibatches of each wave
+    of N_m in one call (its `more`)."""
+    import keras
+
+    from hetpipe_tf.strategy import HetPipeStrategy, even_plan
+    from tests.strategy.helpers import DEVICES, skip_model
+
+    x, y = regression_data(8 * steps, 5)
+    probe = skip_model(0)
+    plans = [even_plan(probe, [DEVICES[1]], n_m=n_m), even_plan(probe, [DEVICES[2]], n_m=n_m)]
+    strategy = HetPipeStrategy(plan=plans, clock_distance=1, compensation="none")
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(optimizer(), "mse", metrics=["mae"])
+    model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)   # builds the runtimes
+    rt = strategy.coordinator(model).runtimes[0]
+    assert rt._per_vw_metrics
+    stage, weights = rt.stages[0], rt.versions.stages[0]
+    _, _, copy = rt._vw_metrics.begin(0)
+    state = [*weights.variables, *weights.optimizer.variables, model.optimizer.iterations,
+             *copy.variables]
+    start = [v.numpy() for v in state]
+    first = weights.applied
+    out = []
+    for per_call in (1, n_m):
+        for v, value in zip(state, start):
+            v.assign(value)
+        weights.start_run(first + 1, first)
+        states, versions = [], []
+        for k in range(0, steps, per_call):
+            batch = []
+            for i in range(k, k + per_call):
+                _, t, n = weights.take(first + i + 1)
+                versions.append([a.numpy() for a in (*t, *n)])
+                batch.append((t, n, stage.program.model_inputs(tf.constant(x[8 * i:8 * i + 8])),
+                              tf.constant(y[8 * i:8 * i + 8]), None))
+            (t, n, inputs, yb, _), more = batch[0], batch[1:]
+            states.append(weights.apply_in_task(first + k + 1, stage, t, n, inputs, yb, None,
+                                                metrics=copy, reset=tf.constant(k == 0),
+                                                more=more).numpy())
+            del batch, more, t, n
+        assert weights.applied == first + steps
+        out.append((states, [v.numpy() for v in state], versions))
+    strategy.close()
+    return out
+
+
+@pytest.mark.parametrize("n_m,opt", [(2, "sgd"), (4, "adam")])
+def test_a_waves_minibatches_in_one_call_equal_one_call_each_bit_for_bit(n_m, opt):
+    """A one-stage VW with its own metric state runs the minibatches queued behind p in p's
+    call (`apply_in_task`'s `more`): every version the minibatches read, w_local, the
+    optimizer's and the metric state equal those of one call per minibatch, bit for bit."""
+    import keras
+    import numpy as np
+
+    make = {"sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+            "adam": lambda: keras.optimizers.Adam(0.01)}[opt]
+    steps = 3 * n_m
+    (states_a, final_a, versions_a), (states_b, final_b, versions_b) = _one_call_paths(
+        n_m, make, steps)
+    assert len(states_a) == steps and len(states_b) == 3
+    for a, b in zip(states_a[n_m - 1::n_m], states_b):   # the state after each wave
+        np.testing.assert_array_equal(a, b)
+    assert states_b[-1][-1] > 0   # the metrics counted something
+    assert len(final_a) == len(final_b) > 0 and len(versions_a) == len(versions_b) == steps
+    for a, b in zip(final_a + sum(versions_a, []), final_b + sum(versions_b, [])):
+        np.testing.assert_array_equal(a, b)
+    # Minibatches of the second wave on read the updates of the first: not all equal.
+    assert not np.array_equal(versions_a[0][0], versions_a[-1][0])

@@ -2,7 +2,7 @@
 
 import threading
 
-from hetpipe_tf.pipeline.workers import Loop, Workers
+from hetpipe_tf.pipeline.workers import STOP, Loop, Workers, take_queued
 
 
 class _Boom(KeyError):
@@ -37,3 +37,17 @@ def test_threads_run_their_items_forward_errors_with_their_type_and_are_joined()
     assert type(error) is _Boom and where == "thread 1 (bad)"
     workers.close()
     assert not any(t.is_alive() for t in workers.threads)
+
+
+def test_take_queued_takes_n_items_only_when_n_are_queued_and_leaves_stop_last():
+    import queue
+
+    q = queue.Queue()
+    for item in (1, 2):
+        q.put(item)
+    assert take_queued(q, 3) == [] and q.qsize() == 2   # too few: none taken
+    assert take_queued(q, 0) == []
+    assert take_queued(q, 1) == [1] and q.qsize() == 1
+    q.put(STOP)
+    assert take_queued(q, 2) == [2]   # STOP ends the list and stays the last item
+    assert q.get_nowait() is STOP and q.empty()

@@ -82,7 +82,7 @@ def test_the_chiefs_calls_every_minibatch_of_two_vws():
         "eager op OptionalHasValue @ guards.py train_function",
         "eager op OptionalGetValue @ guards.py train_function",
         "compiled __inference_function @ weights.py apply_in_task",
-        "host read numpy @ runtime.py _run_and_commit",   # the VW's metric state
+        "host read numpy @ runtime.py _run_queued_in_one_call",   # the VW's metric state
         "compiled __inference_function @ server.py push",
     ]
     at_most_once = [   # the pull's rebase and w_global's snapshot: not after every push

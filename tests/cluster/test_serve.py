@@ -57,6 +57,11 @@ def test_tasks_not_named_own_process_share_one_serving_process():
         wait_until_reachable({t: servers.cluster[t.split(":")[0]][int(t.split(":")[1])]
                               for t in servers.tasks}, timeout_s=120)
         pid = servers.pids[0]
+        # A server process keeps scikit-learn out (Keras imports it at `import tensorflow`
+        # when installed; a server needs neither): its shared objects are not mapped.
+        with open(f"/proc/{pid}/maps") as f:
+            maps = f.read()
+        assert "_pywrap_tensorflow" in maps and "sklearn" not in maps
     with pytest.raises(ProcessLookupError):   # stopped and reaped
         os.kill(pid, 0)
     with pytest.raises(ValueError, match=r"Received: own_process=\['worker:5'\]"):

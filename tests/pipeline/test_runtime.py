@@ -93,12 +93,9 @@ def test_several_vws_add_the_last_stages_loss_and_extra_on_that_stages_device():
     strategy.close()
 
 
-def _apply_paths(n_m: int, optimizer, steps: int = 4) -> list[tuple[list, list]]:
-    """[(losses, final w_local and optimizer state)] of VW 0's only stage over `steps`
-    minibatches from the same state, its update a call of its own (`forward_backward`
-    then `apply`) and inside the task's call (`StageWeights.apply_in_task`)."""
-    import keras
-
+def _two_one_stage_vws(n_m: int, optimizer, steps: int, metrics=()):
+    """(strategy, model, VW 0's runtime, x, y) of 2 one-stage VWs after a fit of 2
+    minibatches that built the runtimes; x, y hold `steps` minibatches of 8."""
     from hetpipe_tf.strategy import HetPipeStrategy, even_plan
     from tests.strategy.helpers import DEVICES, skip_model
 
@@ -108,9 +105,16 @@ def _apply_paths(n_m: int, optimizer, steps: int = 4) -> list[tuple[list, list]]
     strategy = HetPipeStrategy(plan=plans, clock_distance=1, compensation="none")
     with strategy.scope():
         model = skip_model(0)
-        model.compile(optimizer(), "mse")
-    model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)   # builds the runtimes
-    rt = strategy.coordinator(model).runtimes[0]
+        model.compile(optimizer(), "mse", metrics=list(metrics))
+    model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)
+    return strategy, model, strategy.coordinator(model).runtimes[0], x, y
+
+
+def _apply_paths(n_m: int, optimizer, steps: int = 4) -> list[tuple[list, list]]:
+    """[(losses, final w_local and optimizer state)] of VW 0's only stage over `steps`
+    minibatches from the same state, its update a call of its own (`forward_backward`
+    then `apply`) and inside the task's call (`StageWeights.apply_in_task`)."""
+    strategy, model, rt, x, y = _two_one_stage_vws(n_m, optimizer, steps)
     stage, weights = rt.stages[0], rt.versions.stages[0]
     assert rt._applies_in_task(type("Mb", (), {"loss_scale": None})())
     state = [*weights.variables, *weights.optimizer.variables, model.optimizer.iterations]
@@ -201,20 +205,7 @@ def _one_call_paths(n_m: int, optimizer, steps: int) -> list[tuple[list, list]]:
     taken)] of VW 0's only stage over `steps` minibatches from the same state (its metrics
     state per VW): one `apply_in_task` call per minibatch, then the minibatches of each wave
     of N_m in one call (its `more`)."""
-    import keras
-
-    from hetpipe_tf.strategy import HetPipeStrategy, even_plan
-    from tests.strategy.helpers import DEVICES, skip_model
-
-    x, y = regression_data(8 * steps, 5)
-    probe = skip_model(0)
-    plans = [even_plan(probe, [DEVICES[1]], n_m=n_m), even_plan(probe, [DEVICES[2]], n_m=n_m)]
-    strategy = HetPipeStrategy(plan=plans, clock_distance=1, compensation="none")
-    with strategy.scope():
-        model = skip_model(0)
-        model.compile(optimizer(), "mse", metrics=["mae"])
-    model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)   # builds the runtimes
-    rt = strategy.coordinator(model).runtimes[0]
+    strategy, model, rt, x, y = _two_one_stage_vws(n_m, optimizer, steps, metrics=["mae"])
     assert rt._per_vw_metrics
     stage, weights = rt.stages[0], rt.versions.stages[0]
     _, _, copy = rt._vw_metrics.begin(0)

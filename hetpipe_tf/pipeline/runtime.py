@@ -301,7 +301,6 @@ class PipelineRuntime(ThreadedExecutor):
         batch, after = self._take_queued(mb)
         ran = False
         try:
-            self.joined += len(batch) - 1
             vm = self._vw_metrics
             generation, reset, copy = vm.begin(self.vw)
             taken = [self.versions.take(m.id, 0) for m in batch]
@@ -316,6 +315,7 @@ class PipelineRuntime(ThreadedExecutor):
             # Before they complete: Keras reads the metrics once the run drained.
             vm.store(self.vw, generation, state.numpy())
             self.logs_time = time.perf_counter()
+            self.joined += len(batch) - 1
             for m in batch:
                 self.update_s.append(0.0)   # the update ran inside the task's span
                 if self._updates is not None:

@@ -131,9 +131,9 @@ def _without_scikit_learn() -> None:
     """`import tensorflow` loads Keras, which imports scikit-learn when it is installed
     (for its scikit-learn wrappers): about a quarter of a TensorFlow start's CPU (`python
     -X importtime -c "import tensorflow"`). A server never uses Keras, so its process
-    keeps scikit-learn out; Keras goes on as without it (its import is optional there)."""
-    if "tensorflow" not in sys.modules:
-        sys.modules.setdefault("sklearn", None)   # None: `import sklearn` raises ImportError
+    keeps scikit-learn out; Keras goes on as without it (its import is optional there).
+    A scikit-learn already imported stays."""
+    sys.modules.setdefault("sklearn", None)   # None: `import sklearn` raises ImportError
 
 
 def main(argv: Sequence[str] = ()) -> None:

@@ -289,10 +289,7 @@ class PipelineRuntime(ThreadedExecutor):
             stamp = time.perf_counter()
         self._set_logs(logs, stamp)
         self.update_s.append(0.0)   # the update ran inside the task's span
-        if self._updates is not None:
-            self._put(self._updates, mb)
-        else:
-            self._completed(mb)
+        self._applied(mb)
 
     def _run_queued_in_one_call(self, stage: Stage, mb: Minibatch, t0: float) -> None:
         """`_run_and_commit` with the VW's own metric state (vw_metrics.py): p and the
@@ -318,10 +315,7 @@ class PipelineRuntime(ThreadedExecutor):
             self.joined += len(batch) - 1
             for m in batch:
                 self.update_s.append(0.0)   # the update ran inside the task's span
-                if self._updates is not None:
-                    self._put(self._updates, m)
-                else:
-                    self._completed(m)
+                self._applied(m)
             ran = True
         finally:
             for item in batch[1:]:
@@ -341,13 +335,14 @@ class PipelineRuntime(ThreadedExecutor):
         that do not (run after the call, in order). Nothing of another run can be queued
         while p's task runs: an abort waits for it."""
         batch, after = [mb], []
-        for item in take_queued(self._queues[0], self.n_m - 1):
-            kind, nxt, _ = item
-            with self._cond:
+        items = take_queued(self._queues[0], self.n_m - 1)
+        with self._cond:
+            for item in items:
+                kind, nxt, _ = item
                 joins = (not after and kind is TaskKind.FORWARD_BACKWARD
                          and nxt.run == self._run and nxt.id == batch[-1].id + 1
                          and self._error is None and self._applies_in_task(nxt))
-            (batch if joins else after).append(nxt if joins else item)
+                (batch if joins else after).append(nxt if joins else item)
         return batch, after
 
     def _set_logs(self, logs: dict, stamp: float) -> None:
@@ -382,6 +377,10 @@ class PipelineRuntime(ThreadedExecutor):
         # Seconds of stage 0's own update (optimizer + its next snapshot): work outside every
         # task span on stage 0's thread.
         self.update_s.append(time.perf_counter() - t0)
+        self._applied(mb)
+
+    def _applied(self, mb: Minibatch) -> None:
+        """p's update is applied on stage 0: the updater's (its wave hook), or complete."""
         if self._updates is not None:
             self._put(self._updates, mb)
         else:

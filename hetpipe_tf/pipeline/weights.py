@@ -257,8 +257,8 @@ class StageWeights:
                     self._task_metrics_impl, reduce_retracing=not metrics.per_output)
             with tf.device(self.device):
                 if metrics is not None:
-                    batch = [(list(tvals), list(vvals), list(inputs), y, sample_weight)]
-                    batch += [(list(a), list(b), list(c), d, e) for a, b, c, d, e in more]
+                    batch = [(list(t), list(n), list(x), y_, w) for t, n, x, y_, w in
+                             ((tvals, vvals, inputs, y, sample_weight), *more)]
                     out, versions = self._task_metrics_fn(batch, reset)
                 else:
                     loss, y_pred, masks, t, n = self._task_apply_fn(

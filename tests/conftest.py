@@ -5,6 +5,7 @@ before TensorFlow initialises its runtime, so multi-device tests can place stage
 """
 
 import os
+import sys
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -33,3 +34,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: long-running test (deselect with -m 'not slow')"
     )
+
+
+def pytest_unconfigure(config):
+    # The server zygote of `start_local_servers` (hetpipe_tf/cluster/forked.py), stopped by
+    # its pid: it would also end with this process.
+    forked = sys.modules.get("hetpipe_tf.cluster.forked")
+    if forked is not None:
+        forked.stop()

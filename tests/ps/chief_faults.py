@@ -27,6 +27,7 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.modules.setdefault("sklearn", None)   # Keras imports it if installed: 1.5-2.5 CPU-s
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -21,6 +21,7 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.modules.setdefault("sklearn", None)   # Keras imports it if installed: 1.5-2.5 CPU-s
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.modules.setdefault("sklearn", None)   # Keras imports it if installed: 1.5-2.5 CPU-s
 
 import tensorflow as tf  # noqa: E402
 

@@ -1,0 +1,144 @@
+r"""The CPU time of a command and every process it starts, by kind of process.
+
+  python -m benchmarks.process_cpu -- python -m pytest -q -n 2 --dist loadscope tests
+  python -m benchmarks.process_cpu --top=40 -- python -m pytest -q tests/ps/test_faults.py
+
+Runs the command, reads /proc every --interval_s for the processes descended from it
+(user + system CPU-seconds of each, last seen before it ended, so within one interval of
+the truth; a process that outlives its parent is followed once seen), and prints one row
+per kind: pytest-xdist workers (the tests that run in the test process), server processes
+(`python -m hetpipe_tf.cluster.serve`, the zygote of `start_local_servers` and its forks),
+`python -m <module>` by module, `python <script>` by script, other commands by their
+first word. Where a CPU-second goes in a suite that starts many TensorFlow processes:
+the figures of docs/building.md "What the suite costs". Linux only (/proc). The command's
+exit status is this binary's.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import shlex
+import subprocess
+import time
+
+from absl import app, flags
+
+from benchmarks._cli import run
+
+_INTERVAL = flags.DEFINE_float("interval_s", 0.3, "Seconds between two reads of /proc.",
+                               lower_bound=0.01)
+_TOP = flags.DEFINE_integer("top", 25, "Rows printed (the kinds that used most CPU).",
+                            lower_bound=1)
+
+
+@dataclasses.dataclass
+class Seen:
+    kind: str
+    cpu_s: float = 0.0
+
+
+def _stat(pid: str) -> tuple[int, float, int] | None:
+    """(ppid, user + system CPU-seconds, start time in ticks) of process `pid`."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks, int(fields[19])
+
+
+def kind_of(argv: list[str]) -> str:
+    """The row a process counts in, from its command line."""
+    words = [w for w in argv if w]
+    if not words:
+        return "(no command line)"
+    text = " ".join(words)
+    if "xdist" in text or "exec(eval(sys.stdin.readline()))" in text:
+        return "pytest-xdist worker (in-process tests)"
+    if "hetpipe_tf.cluster.serve" in text or "hetpipe_tf.cluster.forked" in text:
+        return "servers (hetpipe_tf.cluster.serve / forked)"
+    if "-m" in words[:-1]:
+        return "python -m " + words[words.index("-m") + 1]
+    if len(words) > 1 and words[1].endswith(".py"):
+        return "python " + words[1]
+    if len(words) > 1 and words[1] == "-c":
+        return "python -c ..."
+    return os.path.basename(words[0])
+
+
+def measure(command: list[str], interval_s: float) -> tuple[int, dict[tuple, Seen]]:
+    """Run `command`; its exit status and every descendant seen: (pid, start) -> Seen."""
+    proc = subprocess.Popen(command)
+    seen: dict[tuple, Seen] = {}
+    family = {proc.pid}
+    while True:
+        done = proc.poll() is not None
+        stats = {int(p): s for p in os.listdir("/proc") if p.isdigit()
+                 and (s := _stat(p)) is not None}
+        grew = True
+        while grew:   # descendants of the command, and processes it left behind
+            grew = False
+            for pid, (ppid, _, _) in stats.items():
+                if ppid in family and pid not in family:
+                    family.add(pid)
+                    grew = True
+        for pid in family & stats.keys():
+            ppid, cpu_s, start = stats[pid]
+            key = (pid, start)
+            if key not in seen:
+                try:
+                    with open(f"/proc/{pid}/cmdline") as f:
+                        argv = f.read().split("\0")
+                except OSError:
+                    argv = []
+                # A fork shows its parent's command line until it execs: read it again.
+                seen[key] = Seen(kind_of(argv))
+            elif cpu_s > 1.0 and seen[key].cpu_s <= 1.0:
+                try:
+                    with open(f"/proc/{pid}/cmdline") as f:
+                        seen[key].kind = kind_of(f.read().split("\0"))
+                except OSError:
+                    pass
+            seen[key].cpu_s = cpu_s
+        if done:
+            return proc.returncode, seen
+        time.sleep(interval_s)
+
+
+def table(seen: dict[tuple, Seen], top: int) -> str:
+    by_kind: dict[str, list[float]] = collections.defaultdict(list)
+    for s in seen.values():
+        by_kind[s.kind].append(s.cpu_s)
+    total = sum(sum(v) for v in by_kind.values())
+    rows = sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))
+    lines = [f"{len(seen)} processes, {total:,.1f} CPU-seconds in all", "",
+             "| kind | processes | CPU-s | share | CPU-s a process |", "|---|---|---|---|---|"]
+    for kind, cpus in rows[:top]:
+        lines.append(f"| {kind} | {len(cpus)} | {sum(cpus):,.1f} | "
+                     f"{sum(cpus) / max(total, 1e-9):.0%} | {sum(cpus) / len(cpus):.1f} |")
+    if len(rows) > top:
+        rest = [c for _, cpus in rows[top:] for c in cpus]
+        lines.append(f"| {len(rows) - top} other kinds | {len(rest)} | {sum(rest):,.1f} | "
+                     f"{sum(rest) / max(total, 1e-9):.0%} | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    command = argv[1:]
+    if not command:
+        raise app.UsageError("Name the command to measure after `--`. Received: no command; "
+                             "e.g. python -m benchmarks.process_cpu -- python -m pytest -q tests")
+    if not os.path.isdir("/proc/self"):
+        raise OSError("benchmarks.process_cpu reads /proc (Linux). Received: no /proc here.")
+    code, seen = measure(command, _INTERVAL.value)
+    print(f"\n`{shlex.join(command)}` (exit status {code}); CPU read from /proc every "
+          f"{_INTERVAL.value:g} s, one run on this machine:\n")
+    print(table(seen, _TOP.value))
+    return code
+
+
+if __name__ == "__main__":
+    run(main)

@@ -16,8 +16,9 @@ So a caller's next call can come while its last worker is still leaving `around`
 waits up to `grace_s` for a worker that began leaving less than `grace_s` ago (leaving
 takes microseconds unless a frozen task holds it), then takes a new worker.
 
-`close()` ends the idle workers (joined) and every busy one once its call ends; a call
-after `close()` runs on a worker that ends with it.
+`close()` ends the idle workers and joins them and those ending after their last call;
+every busy one ends once its call ends. A call after `close()` runs on a worker that ends
+with it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class CallWorkers:
         self._cond = threading.Condition()
         self._idle: list[tuple[queue.SimpleQueue, threading.Thread]] = []
         self._leaving: dict[int, float] = {}   # thread ident -> when it began leaving `around`
+        self._ending: list[threading.Thread] = []   # workers that end after their call
         self._closed = False
 
     def start(self, call: Call) -> None:
@@ -98,12 +100,13 @@ class CallWorkers:
                             self._leaving[threading.get_ident()] = time.monotonic()
                         call.done.set()
                 except BaseException as e:  # noqa: BLE001 - entering or leaving `around`
+                    with self._cond:   # the thread's state is unknown: it ends
+                        self._leaving.pop(threading.get_ident(), None)
+                        self._ending_now()
+                        self._cond.notify_all()
                     if not call.done.is_set():
                         call.error = e
                         call.done.set()
-                    with self._cond:   # the thread's state is unknown: it ends
-                        self._leaving.pop(threading.get_ident(), None)
-                        self._cond.notify_all()
                     return
                 idle = self._back(jobs)
             if not idle:
@@ -116,17 +119,25 @@ class CallWorkers:
             self._leaving.pop(threading.get_ident(), None)
             self._cond.notify_all()
             if self._closed or len(self._idle) >= self.max_idle:
+                self._ending_now()
                 return False
             self._idle.append((jobs, threading.current_thread()))
             return True
+
+    def _ending_now(self) -> None:
+        """This worker ends once its call is signalled (call under `_cond`): `close` joins
+        it, so none is left running after `close` but a stuck one."""
+        self._ending = [t for t in self._ending if t.is_alive()]
+        self._ending.append(threading.current_thread())
 
     def close(self, timeout_s: float = 5.0) -> None:
         with self._cond:
             self._closed = True
             idle, self._idle = self._idle, []
+            ending, self._ending = self._ending, []
             self._cond.notify_all()
         for jobs, _ in idle:
             jobs.put(None)
-        for _, thread in idle:
+        for thread in [t for _, t in idle] + ending:
             if thread is not threading.current_thread():
                 thread.join(timeout_s)

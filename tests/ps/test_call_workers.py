@@ -103,6 +103,15 @@ def test_around_wraps_each_call_and_its_end_is_signalled_inside():
     assert _named("test-cw-around") == []
 
 
+class _SlowToReturn(threading.Event):
+    """A call's `done` whose worker takes a while to return after setting it (as on a
+    loaded machine): `close` must still join that worker."""
+
+    def set(self):
+        super().set()
+        time.sleep(0.3)
+
+
 def test_an_around_that_fails_is_the_calls_error_and_the_next_call_gets_a_fresh_worker():
     failing = [True]
 
@@ -115,8 +124,11 @@ def test_an_around_that_fails_is_the_calls_error_and_the_next_call_gets_a_fresh_
 
     workers = CallWorkers("test-cw-fail", on_start=lambda: None, around=around)
     try:
-        with pytest.raises(RuntimeError, match="no executor"):
-            _run(workers, lambda: 1)
+        first = Call(lambda: 1, ())
+        first.done = _SlowToReturn()
+        workers.start(first)
+        assert first.done.wait(10)
+        assert isinstance(first.error, RuntimeError) and "no executor" in str(first.error)
         assert _run(workers, lambda: 2) == 2
     finally:
         workers.close()

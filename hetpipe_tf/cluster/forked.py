@@ -8,12 +8,15 @@ and forks each server on request: the import does not initialise TensorFlow's ru
 (no context, devices or thread pools), so the child starts its own as a fresh process
 does, in about 0.1 CPU-second.
 
-The zygote reads requests from a pipe of its client and exits when that pipe ends (the
-client exited or was killed); it dies with its client (parent-death signal) and every
-server dies with it. Each server is a process of its own, with its own process group,
-found, frozen and killed by its pid (`kill`, `wait_gone`). `stop()` ends the zygote
-by its pid (also at the client's exit). The multiprocessing module's "forkserver" does
-the same but imports the client's `__main__` module again in every child.
+The zygote reads requests from a pipe of its client and exits when that pipe ends: the
+client exited or was killed (the kernel closes the client's end, also after SIGKILL),
+whichever of its threads started the zygote. Every server dies with the zygote
+(parent-death signal). The zygote and each server lead process groups of their own (a
+terminal's Ctrl-C reaches only the client, which stops them). A server is found, frozen
+and killed by its pid (`os.kill`); `wait_gone` waits until it is reaped. `stop()` ends
+the zygote by its pid (also at the client's exit). The multiprocessing module's
+"forkserver" does the same but imports the client's `__main__` module again in every
+child.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 import threading
 import time
 
-from hetpipe_tf.cluster.lifetime import child_preexec, die_with_parent
+from hetpipe_tf.cluster.lifetime import die_with_parent
 
 _lock = threading.Lock()
 _zygote: subprocess.Popen | None = None
@@ -42,7 +45,7 @@ def start(cluster: dict, tasks: list[str]) -> int:
                 [sys.executable, "-m", "hetpipe_tf.cluster.forked"],
                 env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                preexec_fn=child_preexec(os.getpid()))
+                process_group=0)   # not a parent-death signal: it follows the thread
         _zygote.stdin.write(json.dumps({"cluster": cluster, "tasks": tasks}) + "\n")
         _zygote.stdin.flush()
         line = _zygote.stdout.readline()

@@ -1,11 +1,14 @@
 """hetpipe_tf.cluster.forked: servers forked from one process that imported TensorFlow."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from hetpipe_tf.cluster import forked, serve
 from hetpipe_tf.cluster.probe import wait_until_reachable
+from tests.benchmarks.binaries import ROOT
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -30,3 +33,38 @@ def test_servers_are_forked_with_tensorflow_imported_and_die_with_the_zygote():
             os.kill(zygote, 0)
         for pid in servers.pids:
             assert forked.wait_gone(pid, timeout_s=30), pid
+
+
+_CLIENT = """
+import threading, time
+from hetpipe_tf.cluster import forked, serve
+
+started = []
+def begin():   # from a thread that ends: the zygote must outlive it
+    servers = serve.start_local_servers({"worker": 1, "ps": 1})   # kept: not collected
+    started.append(servers)
+    started.append(servers.__enter__())
+t = threading.Thread(target=begin)
+t.start()
+t.join()
+time.sleep(0.5)
+print(forked.zygote_pid(), *started[1].pids, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_zygote_outlives_the_thread_that_started_it_and_ends_with_its_client():
+    client = subprocess.Popen([sys.executable, "-c", _CLIENT], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        pids = [int(p) for p in client.stdout.readline().split()]
+        assert len(pids) == 3, pids   # the zygote, worker:0's and ps:0's servers
+        for pid in pids:
+            os.kill(pid, 0)   # running after the starting thread ended
+        client.kill()   # SIGKILL: no atexit, no cleanup of its own
+        client.wait(timeout=30)
+        for pid in pids:
+            assert forked.wait_gone(pid, timeout_s=30), pid
+    finally:
+        client.kill()
+        client.wait(timeout=30)

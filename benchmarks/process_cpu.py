@@ -50,6 +50,14 @@ def _stat(pid: str) -> tuple[int, float, int] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks, int(fields[19])
 
 
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read().split("\0")
+    except OSError:
+        return []
+
+
 def kind_of(argv: list[str]) -> str:
     """The row a process counts in, from its command line."""
     words = [w for w in argv if w]
@@ -72,36 +80,30 @@ def kind_of(argv: list[str]) -> str:
 def measure(command: list[str], interval_s: float) -> tuple[int, dict[tuple, Seen]]:
     """Run `command`; its exit status and every descendant seen: (pid, start) -> Seen."""
     proc = subprocess.Popen(command)
+    first = _stat(str(proc.pid))
     seen: dict[tuple, Seen] = {}
-    family = {proc.pid}
+    family = {(proc.pid, first[2])} if first else set()   # (pid, start): pids are reused
     while True:
         done = proc.poll() is not None
         stats = {int(p): s for p in os.listdir("/proc") if p.isdigit()
                  and (s := _stat(p)) is not None}
+        current = {pid for pid, (_, _, start) in stats.items() if (pid, start) in family}
         grew = True
-        while grew:   # descendants of the command, and processes it left behind
+        while grew:   # descendants of the command, and those seen before they were left
             grew = False
-            for pid, (ppid, _, _) in stats.items():
-                if ppid in family and pid not in family:
-                    family.add(pid)
+            for pid, (ppid, _, start) in stats.items():
+                if ppid in current and pid not in current:
+                    current.add(pid)
+                    family.add((pid, start))
                     grew = True
-        for pid in family & stats.keys():
+        for pid in current:
             ppid, cpu_s, start = stats[pid]
             key = (pid, start)
             if key not in seen:
-                try:
-                    with open(f"/proc/{pid}/cmdline") as f:
-                        argv = f.read().split("\0")
-                except OSError:
-                    argv = []
-                # A fork shows its parent's command line until it execs: read it again.
-                seen[key] = Seen(kind_of(argv))
+                seen[key] = Seen(kind_of(_argv(pid)))
             elif cpu_s > 1.0 and seen[key].cpu_s <= 1.0:
-                try:
-                    with open(f"/proc/{pid}/cmdline") as f:
-                        seen[key].kind = kind_of(f.read().split("\0"))
-                except OSError:
-                    pass
+                # A fork shows its parent's command line until it execs: read it again.
+                seen[key].kind = kind_of(_argv(pid)) or seen[key].kind
             seen[key].cpu_s = cpu_s
         if done:
             return proc.returncode, seen

@@ -53,14 +53,13 @@ def _stat(pid: str) -> tuple[int, float, int] | None:
 def _argv(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline") as f:
-            return f.read().split("\0")
+            return [w for w in f.read().split("\0") if w]
     except OSError:
-        return []
+        return []   # gone
 
 
-def kind_of(argv: list[str]) -> str:
-    """The row a process counts in, from its command line."""
-    words = [w for w in argv if w]
+def kind_of(words: list[str]) -> str:
+    """The row a process counts in, from its command line's words."""
     if not words:
         return "(no command line)"
     text = " ".join(words)
@@ -103,7 +102,8 @@ def measure(command: list[str], interval_s: float) -> tuple[int, dict[tuple, See
                 seen[key] = Seen(kind_of(_argv(pid)))
             elif cpu_s > 1.0 and seen[key].cpu_s <= 1.0:
                 # A fork shows its parent's command line until it execs: read it again.
-                seen[key].kind = kind_of(_argv(pid)) or seen[key].kind
+                if argv := _argv(pid):   # empty: gone, or a zombie
+                    seen[key].kind = kind_of(argv)
             seen[key].cpu_s = cpu_s
         if done:
             return proc.returncode, seen

@@ -1,6 +1,8 @@
 """hetpipe_tf.cluster.forked: servers forked from one process that imported TensorFlow."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -56,6 +58,7 @@ time.sleep(600)
 def test_the_zygote_outlives_the_thread_that_started_it_and_ends_with_its_client():
     client = subprocess.Popen([sys.executable, "-c", _CLIENT], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    pids = []
     try:
         pids = [int(p) for p in client.stdout.readline().split()]
         assert len(pids) == 3, pids   # the zygote, worker:0's and ps:0's servers
@@ -68,3 +71,6 @@ def test_the_zygote_outlives_the_thread_that_started_it_and_ends_with_its_client
     finally:
         client.kill()
         client.wait(timeout=30)
+        for pid in pids:   # whatever is left after a failure, by its pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -3,7 +3,7 @@
 A TensorFlow start costs about 7 CPU-seconds (`import tensorflow`, Keras with it), and a
 server needs nothing that import does not load; started by `python -m ...`, each server
 pays it. Here one helper process per client (`python -m hetpipe_tf.cluster.forked`, the
-"zygote") imports TensorFlow once, without scikit-learn (`serve._without_scikit_learn`),
+"zygote") imports TensorFlow once, without scikit-learn (`serve.without_scikit_learn`),
 and forks each server on request: the import does not initialise TensorFlow's runtime
 (no context, devices or thread pools), so the child starts its own as a fresh process
 does, in about 0.1 CPU-second.
@@ -92,7 +92,7 @@ def _serve_requests() -> None:
     """The zygote: TensorFlow imported once, then one fork per request line."""
     from hetpipe_tf.cluster import serve
 
-    serve._without_scikit_learn()
+    serve.without_scikit_learn()
     import tensorflow  # noqa: F401  (the point of this process)
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)   # children are reaped by the kernel

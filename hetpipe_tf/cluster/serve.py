@@ -32,6 +32,7 @@ import threading
 from typing import Collection, Iterator, Mapping, Sequence
 
 from hetpipe_tf.cluster import forked
+from hetpipe_tf.cluster.lifetime import stop_processes
 
 
 def serve(cluster: Mapping[str, Sequence[str]], job: str, task: int) -> None:
@@ -111,16 +112,13 @@ def start_local_servers(jobs: Mapping[str, int], client_job: str = "chief", *,
             pids.update({name: pid for name in group})
         yield LocalServers(cluster, tuple(pids[name] for name in names), tuple(names))
     finally:
-        distinct = set(pids.values())
-        for pid in distinct:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                os.kill(pid, signal.SIGCONT)   # a stopped (SIGSTOP) server is killed too
-        for pid in distinct:
+        distinct = sorted(set(pids.values()))
+        stop_processes(distinct, grace_s=30, first=signal.SIGKILL)   # stopped ones too
+        for pid in distinct:   # reaped by the kernel, not only exited
             forked.wait_gone(pid)
 
 
-def _without_scikit_learn() -> None:
+def without_scikit_learn() -> None:
     """`import tensorflow` loads Keras, which imports scikit-learn when it is installed
     (for its scikit-learn wrappers): about a quarter of a TensorFlow start's CPU (`python
     -X importtime -c "import tensorflow"`). A server never uses Keras, so its process
@@ -130,7 +128,7 @@ def _without_scikit_learn() -> None:
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    _without_scikit_learn()
+    without_scikit_learn()
     config = os.environ.get("TF_CONFIG")
     if not config:
         raise SystemExit("hetpipe_tf.cluster.serve needs TF_CONFIG with 'cluster' and 'task'. "

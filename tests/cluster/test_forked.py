@@ -8,15 +8,10 @@ import sys
 
 import pytest
 
+from benchmarks._wire import cpu_seconds
 from hetpipe_tf.cluster import forked, serve
 from hetpipe_tf.cluster.probe import wait_until_reachable
 from tests.benchmarks.binaries import ROOT
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_servers_are_forked_with_tensorflow_imported_and_die_with_the_zygote():
@@ -27,7 +22,7 @@ def test_servers_are_forked_with_tensorflow_imported_and_die_with_the_zygote():
         wait_until_reachable({t: servers.cluster[t.split(":")[0]][int(t.split(":")[1])]
                               for t in servers.tasks}, timeout_s=120)
         for pid in servers.pids:
-            assert _cpu_seconds(pid) < 2.0, (pid, _cpu_seconds(pid))
+            assert cpu_seconds([pid]) < 2.0, (pid, cpu_seconds([pid]))
             assert os.getpgid(pid) == pid   # its own process group
         zygote = forked.zygote_pid()
         forked.stop()

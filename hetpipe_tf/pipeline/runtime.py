@@ -19,10 +19,10 @@ updates its own weights, as in HetPipe), FIFO before any later forward of that s
 drain between waves; `weights.py`). A VW of one stage among several applies u_p inside
 its task's compiled call instead (`StageWeights.apply_in_task`, the same numerics bit for
 bit, one remote call fewer in a cluster job): p is committed when that task starts. With
-its own metric state, when the N_m - 1 minibatches behind p are already queued (Keras' step
-a wave ahead of the stage, as in a cluster job), they join p's call: N_m minibatches, their
-updates and versions in one call with the numerics of one call each, and one read of the
-state (`_take_queued`; `joined` counts them). `drain` waits until every submitted minibatch
+its own metric state a wave is one call: the stage waits until the rest of p's wave is
+queued (or the run drains) and runs them in p's call: N_m minibatches, their updates and
+versions in one call with the numerics of one call each, and one read of the state
+(`_wave_rest`, `_take_queued`; `joined` counts them). `drain` waits until every submitted minibatch
 completed; the next `submit` then starts a new run whose first N_m minibatches use the
 drained weights.
 
@@ -106,6 +106,7 @@ class PipelineRuntime(ThreadedExecutor):
         # (`_run_and_commit`); every VW must, or none does.
         self._vw_metrics = None if self._fuse_metrics else vw_metrics
         self.joined = 0   # minibatches run in the call of an earlier one (`_take_queued`)
+        self._flushed_run = 0   # len(run_starts) when `drain` began: its run gets no more
         if self._vw_metrics is not None:
             self._vw_metrics.enroll(vw, self.stages[-1].device, len(self.stages) == 1
                                     and self.versions.stages[0].applies_in_task)
@@ -129,9 +130,14 @@ class PipelineRuntime(ThreadedExecutor):
         self._outstanding += 1
         kind = TaskKind.FORWARD_BACKWARD if len(self.stages) == 1 else TaskKind.FORWARD
         self._queues[0].put((kind, mb, None))
+        self._cond.notify_all()   # a stage waiting for the rest of its wave (`_wave_rest`)
 
     def drain(self) -> None:
         with self._cond:
+            # No more minibatches come in this run: a stage waiting for the rest of its
+            # wave runs what it has.
+            self._flushed_run = len(self.run_starts)
+            self._cond.notify_all()
             while self.completed < self.submitted and self._error is None:
                 self._cond.wait()
             target = self.submitted
@@ -273,10 +279,11 @@ class PipelineRuntime(ThreadedExecutor):
         committed when the task starts (an abort that comes later waits for it, as for a
         committed minibatch), then the metrics are updated, then p goes to the updater."""
         with self._cond:
+            rest = self._wave_rest(mb) if self._per_vw_metrics else 0
             if mb.run != self._run:
                 return   # aborted before its commit: dropped
         if self._per_vw_metrics:
-            self._run_queued_in_one_call(stage, mb, t0)
+            self._run_queued_in_one_call(stage, mb, t0, rest)
             return
         tvals, nvals = self.versions.take(mb.id, 0)
         loss, y_pred = self.versions.apply_in_task(mb.id, stage, tvals, nvals,
@@ -291,11 +298,25 @@ class PipelineRuntime(ThreadedExecutor):
         self.update_s.append(0.0)   # the update ran inside the task's span
         self._applied(mb)
 
-    def _run_queued_in_one_call(self, stage: Stage, mb: Minibatch, t0: float) -> None:
+    def _wave_rest(self, mb: Minibatch) -> int:
+        """Under `_cond`: wait until the minibatches that complete p's wave (waves numbered
+        from the run's first minibatch, as WSP numbers them) are queued behind p, or until
+        no more can come now (the run drains, an abort, a failure); how many are queued,
+        at most that many. A wave is one call: the stage waits instead of running the
+        minibatches it has one call each (docs/cluster_jobs.md)."""
+        want = self.n_m - 1 - (mb.id - self.run_starts[-1]) % self.n_m
+        while (self._queues[0].qsize() < want and mb.run == self._run
+               and self._error is None and self._flushed_run != len(self.run_starts)):
+            self._cond.wait()
+        return min(want, self._queues[0].qsize())
+
+    def _run_queued_in_one_call(self, stage: Stage, mb: Minibatch, t0: float,
+                                rest: int) -> None:
         """`_run_and_commit` with the VW's own metric state (vw_metrics.py): p and the
-        minibatches queued behind it, committed now, in one call with the numerics of one
-        call each (`apply_in_task`'s `more`); the state is read once, after the last."""
-        batch, after = self._take_queued(mb)
+        `rest` minibatches queued behind it, committed now, in one call with the numerics
+        of one call each (`apply_in_task`'s `more`); the state is read once, after the
+        last."""
+        batch, after = self._take_queued(mb, rest)
         ran = False
         try:
             vm = self._vw_metrics
@@ -329,13 +350,12 @@ class PipelineRuntime(ThreadedExecutor):
                 finally:
                     self._done(item)
 
-    def _take_queued(self, mb: Minibatch) -> tuple[list, list]:
-        """p and, when all N_m - 1 minibatches behind it are queued (all or none: one trace
-        per N_m), those that join p's call (consecutive, this run's); and the items taken
-        that do not (run after the call, in order). Nothing of another run can be queued
-        while p's task runs: an abort waits for it."""
+    def _take_queued(self, mb: Minibatch, rest: int) -> tuple[list, list]:
+        """p and, of the next `rest` queued items, those that join p's call (consecutive,
+        this run's); and the items taken that do not (run after the call, in order).
+        Nothing of another run can be queued while p's task runs: an abort waits for it."""
         batch, after = [mb], []
-        items = take_queued(self._queues[0], self.n_m - 1)
+        items = take_queued(self._queues[0], rest)
         with self._cond:
             for item in items:
                 kind, nxt, _ = item

@@ -238,27 +238,50 @@ def test_a_failing_stage_stops_training_with_its_error_and_no_hang():
     strategy.close()
 
 
-def test_a_waves_minibatches_joined_in_one_call_still_equal_the_reference(monkeypatch):
-    """One-stage VWs with their own metric state run the N_m - 1 minibatches queued behind p
-    in p's call (`PipelineRuntime._take_queued`; it happens when Keras' step is a wave ahead
-    of the stage, as in a cluster job). Made to happen here by letting each stage wait until
-    they are queued: the records still obey the local rule exactly and WSP's bound, and
-    w_global equals the reference rebuilt from them."""
-    from hetpipe_tf.pipeline.runtime import PipelineRuntime
+def _full_waves_joined(rt, n_m: int) -> bool:
+    """Every full wave of VW `rt`'s runs but each run's last ran in one call: at least
+    N_m - 1 of each such wave's minibatches joined its first's call."""
+    ends = [*list(rt.run_starts)[1:], rt.completed + 1]
+    full = sum(max((end - start) // n_m - 1, 0) for start, end in zip(rt.run_starts, ends))
+    return rt.joined >= full * (n_m - 1)
 
-    take = PipelineRuntime._take_queued
 
-    def when_queued(self, mb):
-        deadline = time.monotonic() + 0.5   # fewer may come: a run's last minibatches
-        while self._queues[0].qsize() < self.n_m - 1 and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return take(self, mb)
-
-    monkeypatch.setattr(PipelineRuntime, "_take_queued", when_queued)
+def test_a_waves_minibatches_joined_in_one_call_still_equal_the_reference():
+    """One-stage VWs with their own metric state run a wave in one call: the stage waits
+    until the rest of p's wave is queued and runs it in p's call
+    (`PipelineRuntime._wave_rest`, `_take_queued`). The records still obey the local rule
+    exactly and WSP's bound, and w_global equals the reference rebuilt from them."""
     n_m, d = 3, 1
     strategy, model, w0, batches = _fit(n_m, d, 1, n=144)
     coord = strategy.coordinator(model)
     assert all(rt._per_vw_metrics for rt in coord.runtimes)
-    assert all(rt.joined >= n_m - 1 for rt in coord.runtimes), [
-        rt.joined for rt in coord.runtimes]
+    assert all(_full_waves_joined(rt, n_m) for rt in coord.runtimes), [
+        (rt.joined, rt.completed) for rt in coord.runtimes]
+    _assert_records_and_reference(strategy, model, w0, batches, n_m, d)
+
+
+def test_a_stage_waits_for_its_wave_when_kerass_step_is_slower_and_a_run_ends_mid_wave():
+    """Keras' step slower than the stage (a batch callback that sleeps): each stage still
+    runs its waves in one call each, waiting for the rest of a wave rather than running
+    what it has; a run whose last wave is short (13 batches, 2 VWs, N_m = 3) ends: the
+    drain runs what was queued. The results equal the reference."""
+    n_m, d = 3, 1
+    slow_step = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: time.sleep(0.02))
+    x, y = regression_data(13 * BATCH, 0)
+    probe = skip_model(0)
+    strategy = HetPipeStrategy(plan=[even_plan(probe, DEVICES[0:1], n_m=n_m),
+                                     even_plan(probe, DEVICES[1:2], n_m=n_m)],
+                               clock_distance=d, compensation="none")
+    with strategy.scope():
+        model = skip_model(0)
+        model.compile(keras.optimizers.SGD(LR), "mse")
+    w0 = model.get_weights()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[slow_step])
+    batches = [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH)]
+    coord = strategy.coordinator(model)
+    assert sum(rt.completed for rt in coord.runtimes) == 13
+    assert all(rt._per_vw_metrics and _full_waves_joined(rt, n_m) and rt.joined
+               for rt in coord.runtimes), [(rt.joined, rt.completed) for rt in coord.runtimes]
     _assert_records_and_reference(strategy, model, w0, batches, n_m, d)

@@ -20,9 +20,9 @@ drain between waves; `weights.py`). A VW of one stage among several applies u_p 
 its task's compiled call instead (`StageWeights.apply_in_task`, the same numerics bit for
 bit, one remote call fewer in a cluster job): p is committed when that task starts. With
 its own metric state a wave is one call: the stage waits until the rest of p's wave is
-queued (or the run drains) and runs them in p's call: N_m minibatches, their updates and
-versions in one call with the numerics of one call each, and one read of the state
-(`_wave_rest`, `_take_queued`; `joined` counts them). `drain` waits until every submitted minibatch
+queued (or the run drains: a short last wave runs one call each) and runs them in p's
+call: N_m minibatches, their updates and versions in one call with the numerics of one
+call each, and one read of the state (`_wave_rest`, `_take_queued`; `joined` counts them). `drain` waits until every submitted minibatch
 completed; the next `submit` then starts a new run whose first N_m minibatches use the
 drained weights.
 
@@ -301,14 +301,16 @@ class PipelineRuntime(ThreadedExecutor):
     def _wave_rest(self, mb: Minibatch) -> int:
         """Under `_cond`: wait until the minibatches that complete p's wave (waves numbered
         from the run's first minibatch, as WSP numbers them) are queued behind p, or until
-        no more can come now (the run drains, an abort, a failure); how many are queued,
-        at most that many. A wave is one call: the stage waits instead of running the
+        no more can come now (the run drains, an abort, a failure). Returns how many join
+        p's call: the wave's N_m - 1 others when p starts a wave and they are queued, else
+        none (a run's short last wave runs one call each: calls of 1 and of N_m minibatches
+        are all a VW traces). A wave is one call: the stage waits instead of running the
         minibatches it has one call each (docs/cluster_jobs.md)."""
         want = self.n_m - 1 - (mb.id - self.run_starts[-1]) % self.n_m
         while (self._queues[0].qsize() < want and mb.run == self._run
                and self._error is None and self._flushed_run != len(self.run_starts)):
             self._cond.wait()
-        return min(want, self._queues[0].qsize())
+        return want if want == self.n_m - 1 and self._queues[0].qsize() >= want else 0
 
     def _run_queued_in_one_call(self, stage: Stage, mb: Minibatch, t0: float,
                                 rest: int) -> None:

@@ -22,9 +22,9 @@ bit, one remote call fewer in a cluster job): p is committed when that task star
 its own metric state a wave is one call: the stage waits until the rest of p's wave is
 queued (or the run drains: a short last wave runs one call each) and runs them in p's
 call: N_m minibatches, their updates and versions in one call with the numerics of one
-call each, and one read of the state (`_wave_rest`, `_take_queued`; `joined` counts them). `drain` waits until every submitted minibatch
-completed; the next `submit` then starts a new run whose first N_m minibatches use the
-drained weights.
+call each, and one read of the state (`_wave_rest`, `_take_queued`; `joined` counts
+them). `drain` waits until every submitted minibatch completed; the next `submit` then
+starts a new run whose first N_m minibatches use the drained weights.
 
 With `update_thread=True` (several virtual workers under WSP) a committed minibatch is
 handed to an updater thread that waits until every stage applied it and runs the wave hook
@@ -135,7 +135,7 @@ class PipelineRuntime(ThreadedExecutor):
     def drain(self) -> None:
         with self._cond:
             # No more minibatches come in this run: a stage waiting for the rest of its
-            # wave runs what it has.
+            # wave runs what it has, one call a minibatch.
             self._flushed_run = len(self.run_starts)
             self._cond.notify_all()
             while self.completed < self.submitted and self._error is None:
@@ -299,18 +299,20 @@ class PipelineRuntime(ThreadedExecutor):
         self._applied(mb)
 
     def _wave_rest(self, mb: Minibatch) -> int:
-        """Under `_cond`: wait until the minibatches that complete p's wave (waves numbered
-        from the run's first minibatch, as WSP numbers them) are queued behind p, or until
-        no more can come now (the run drains, an abort, a failure). Returns how many join
-        p's call: the wave's N_m - 1 others when p starts a wave and they are queued, else
-        none (a run's short last wave runs one call each: calls of 1 and of N_m minibatches
-        are all a VW traces). A wave is one call: the stage waits instead of running the
-        minibatches it has one call each (docs/cluster_jobs.md)."""
-        want = self.n_m - 1 - (mb.id - self.run_starts[-1]) % self.n_m
+        """Under `_cond`: how many minibatches join p's call. When p starts a wave (waves
+        numbered from the run's first minibatch, as WSP numbers them), wait until the
+        wave's N_m - 1 others are queued behind p, or until no more can come now (the run
+        drains, an abort, a failure): N_m - 1 if they are queued, else none (a run's short
+        last wave runs one call a minibatch, so a VW traces calls of 1 and of N_m only).
+        A wave is one call: the stage waits instead of running what it has one call each
+        (docs/cluster_jobs.md, "A wave in one call")."""
+        want = self.n_m - 1
+        if not want or (mb.id - self.run_starts[-1]) % self.n_m:
+            return 0
         while (self._queues[0].qsize() < want and mb.run == self._run
                and self._error is None and self._flushed_run != len(self.run_starts)):
             self._cond.wait()
-        return want if want == self.n_m - 1 and self._queues[0].qsize() >= want else 0
+        return want if self._queues[0].qsize() >= want else 0
 
     def _run_queued_in_one_call(self, stage: Stage, mb: Minibatch, t0: float,
                                 rest: int) -> None:

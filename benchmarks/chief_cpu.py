@@ -32,8 +32,9 @@ benchmarks/wire_speed.py counts them: compiled calls, eager ops, host reads; on 
 nearly each is a remote request), the cluster's CPU per minibatch (chief + every server
 process, /proc), and against the one process: "CPU eff" = one process's CPU per minibatch
 / the cluster's, "wall eff" = the cluster's minibatches per second / the one process's.
-`--breakdown` also prints the chief's CPU by thread (/proc/self/task) and its calls by op
-and calling line. One run on whatever machine runs it; every process shares its cores.
+`--breakdown` also prints the chief's voluntary context switches per minibatch (every
+thread's, getrusage; PSS's beside), its CPU by thread (/proc/self/task) and its calls by op and
+calling line. One run on whatever machine runs it; every process shares its cores.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import json  # noqa: E402
 import re  # noqa: E402
+import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -92,6 +94,13 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
+def _switches() -> int:
+    """Voluntary context switches of every thread of this process so far, ended ones
+    included (getrusage): a thread that blocks (a wait for another thread's hand-off, a
+    reply, a lock) makes one; the involuntary ones count the machine's load instead."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+
 class _Meter:
     """Chief CPU (this process), the servers' CPU, wall time and calls over a timed span."""
 
@@ -103,12 +112,14 @@ class _Meter:
         self._threads0 = _thread_cpu()
         self.counter.counts.clear()
         self.counter.counting = True
+        self._switches0 = _switches()
         self._cpu0, self._t0 = time.process_time(), time.perf_counter()
         return self
 
     def __exit__(self, *exc):
         self.wall = time.perf_counter() - self._t0
         self.chief = time.process_time() - self._cpu0
+        self.switches = _switches() - self._switches0
         self.counter.counting = False
         self.servers = cpu_seconds(self.server_pids) - self._servers0
         t1 = _thread_cpu()
@@ -123,7 +134,7 @@ class _Meter:
         return {"chief_ms": self.chief / n * 1e3, "total_ms": (self.chief + self.servers)
                 / n * 1e3, "mb_per_s": n / self.wall,
                 "calls": sum(c for k, c in by_kind.items() if k != "trace") / n,
-                "traces": by_kind.get("trace", 0),
+                "traces": by_kind.get("trace", 0), "switches": self.switches / n,
                 "threads": {k: v / n * 1e3 for k, v in self.threads.items() if v > 0},
                 "by_op": {f"{k} {o}": c / n for (k, o), c in self.counter.counts.items()}}
 
@@ -279,7 +290,10 @@ def _in_cluster(mode: str, vws: int) -> dict:
         return _child(mode, vws, {"cluster": servers.cluster, "pids": list(servers.pids)})
 
 
-def _breakdown(h: dict) -> None:
+def _breakdown(h: dict, pss: dict) -> None:
+    print(" " * 4 + "chief voluntary context switches per minibatch: "
+          f"{h['switches']:.0f} (PSS 1 {pss['pss1']['switches']:.0f}, PSS K "
+          f"{pss['pssk']['switches']:.1f})")
     print(" " * 4 + "chief CPU ms per minibatch by thread: " + ", ".join(
         f"{k} {v:.2f}" for k, v in sorted(h["threads"].items(), key=lambda kv: -kv[1])
         if v >= 0.05))
@@ -324,11 +338,11 @@ def main(argv: list[str]) -> None:
               f"{local['chief_ms'] / het['total_ms']:>7.2f} "
               f"{het['mb_per_s'] / local['mb_per_s']:>8.2f} {p1['total_ms']:>17.2f}",
               flush=True)
-        rows.append((vws, het))
-    for vws, het in rows:
+        rows.append((vws, het, pss))
+    for vws, het, pss in rows:
         if _BREAKDOWN.value:
             print(f"V={vws}:")
-            _breakdown(het)
+            _breakdown(het, pss)
         if het["traces"]:
             print(f"V={vws}: functions traced in the timed fit: {het['traces']}")
 

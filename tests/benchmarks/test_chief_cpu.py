@@ -18,7 +18,7 @@ _ROW = re.compile(r"^\s*(\d+)" + r"\s+([\d.]+)" * 11 + r"$")
 def test_one_row_per_vw_count_with_pss_beside():
     ran = run_main("benchmarks.chief_cpu", "--virtual_workers=1", "--minibatches=2",
                    "--params=2000", "--batch_size=4", "--steps_per_function=2",
-                   "--steps_per_execution=2")
+                   "--steps_per_execution=2", "--breakdown")
     lines = ran.stdout.strip().splitlines()
     assert lines[0].startswith("setting: V VWs x 1 stage") and "K=2" in lines[0], ran.stdout
     assert "Keras steps_per_execution 2" in lines[0], lines[0]
@@ -33,6 +33,12 @@ def test_one_row_per_vw_count_with_pss_beside():
     # and Keras' step a call per 2 minibatches; PSS makes one scheduled call a
     # minibatch, one per K = 2 in the K column.
     assert calls >= 2 and pss1_calls == 1.0 and pssk_calls == 0.5, ran.stdout
+    # --breakdown: the chief's hand-offs (a stage's call waits for its reply at least),
+    # PSS's beside; its CPU by thread.
+    switches = re.search(r"chief voluntary context switches per minibatch: (\d+) \(PSS 1 "
+                         r"(\d+), PSS K ([\d.]+)\)", ran.stdout)
+    assert switches and int(switches[1]) >= 1, ran.stdout
+    assert "chief CPU ms per minibatch by thread: " in ran.stdout, ran.stdout
 
 
 def test_bad_vw_counts_are_refused_by_absl():
@@ -40,9 +46,9 @@ def test_bad_vw_counts_are_refused_by_absl():
         run_main("benchmarks.chief_cpu", "--virtual_workers=0")
 
 
-def _per_minibatch_calls(vws: int, minibatches: int) -> dict[str, float]:
+def _per_minibatch_calls(vws: int, minibatches: int, n_m: int = 1) -> dict[str, float]:
     """The calls a minibatch of the chief of a cluster job (`vws` one-stage VWs on
-    `tf.distribute.Server`s, N_m = 1, D = 1) by op and calling function (the calling
+    `tf.distribute.Server`s, N_m = `n_m`, D = 1) by op and calling function (the calling
     line's number left out), from benchmarks/chief_cpu.py's hetpipe measurement. Every
     task is served by one process (one TensorFlow start-up): what the chief calls does not
     depend on how the tasks are grouped into processes."""
@@ -58,6 +64,7 @@ def _per_minibatch_calls(vws: int, minibatches: int) -> dict[str, float]:
         proc = subprocess.run(
             [sys.executable, "-m", "benchmarks.chief_cpu", "--mode=hetpipe",
              f"--virtual_workers={vws}", f"--minibatches={minibatches}", "--params=2000",
+             f"--n_m={n_m}",
              "--batch_size=4", "--breakdown", json.dumps(info)],
             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -101,3 +108,16 @@ def test_the_chiefs_calls_every_minibatch_of_two_vws():
     # are computed from the VWs' states on the host, without a call.
     assert not [op for op in calls if "update_metrics" in op or "transport.py" in op
                 or "vw_metrics.py logs" in op], calls
+
+
+def test_a_wave_of_a_vw_among_two_is_one_call_and_one_read_on_servers():
+    """N_m = 4: each VW's stage waits for its wave and runs it in one call, whose reply (the
+    VW's metric state) is read once (pipeline/runtime.py `_wave_rest`). Of a timed fit of
+    32 minibatches split between the 2 VWs as they take them, whole waves make 1/4 call a
+    minibatch and a run's short last wave one a minibatch: at most 12 calls (VWs of 15 and
+    17 minibatches: 3 + 3 + 4 + 1 = 11; 13 and 19: 3 + 1 + 4 + 3 = 11), 0.375 a minibatch.
+    A stage that ran what was queued made about 0.86 of each in chief_cpu's runs."""
+    calls = _per_minibatch_calls(2, 16, n_m=4)
+    for op in ("compiled __inference_function @ weights.py apply_in_task",
+               "host read numpy @ runtime.py _run_queued_in_one_call"):
+        assert 0.25 <= calls.get(op, 0.0) <= 0.375, (op, calls)

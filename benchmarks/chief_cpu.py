@@ -33,7 +33,7 @@ nearly each is a remote request), the cluster's CPU per minibatch (chief + every
 process, /proc), and against the one process: "CPU eff" = one process's CPU per minibatch
 / the cluster's, "wall eff" = the cluster's minibatches per second / the one process's.
 `--breakdown` also prints the chief's voluntary context switches per minibatch (every
-thread's, getrusage; PSS's beside), its CPU by thread (/proc/self/task) and its calls by op and
+thread's, getrusage; PSS's beside; and by live thread, /proc/self/task), its CPU by thread (/proc/self/task) and its calls by op and
 calling line. One run on whatever machine runs it; every process shares its cores.
 """
 
@@ -83,15 +83,25 @@ flags.register_validator(
     message=f"--virtual_workers must list integers in 1..{_MAX_VWS}, e.g. 1,2,4,8.")
 
 
-def _thread_cpu() -> dict[str, float]:
-    """CPU seconds so far of this process's threads, by kind: the thread's name with its
-    numbers replaced by N (observe/threads.py)."""
-    from hetpipe_tf.observe.threads import thread_cpu
+def _by_kind(per_thread: dict[str, float]) -> dict[str, float]:
+    """Per-thread figures summed by kind: the thread's name with its numbers replaced by N."""
     out: dict[str, float] = {}
-    for name, seconds in thread_cpu("(unnamed native threads)").items():
+    for name, value in per_thread.items():
         kind = re.sub(r"\d+", "N", name)
-        out[kind] = out.get(kind, 0.0) + seconds
+        out[kind] = out.get(kind, 0.0) + value
     return out
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, by kind (observe/threads.py)."""
+    from hetpipe_tf.observe.threads import thread_cpu
+    return _by_kind(thread_cpu("(unnamed native threads)"))
+
+
+def _thread_switches() -> dict[str, float]:
+    """Voluntary context switches so far of this process's threads, by kind."""
+    from hetpipe_tf.observe.threads import thread_switches
+    return _by_kind(thread_switches("(unnamed native threads)"))
 
 
 def _switches() -> int:
@@ -112,7 +122,7 @@ class _Meter:
         self._threads0 = _thread_cpu()
         self.counter.counts.clear()
         self.counter.counting = True
-        self._switches0 = _switches()
+        self._switches0, self._thread_switches0 = _switches(), _thread_switches()
         self._cpu0, self._t0 = time.process_time(), time.perf_counter()
         return self
 
@@ -120,6 +130,9 @@ class _Meter:
         self.wall = time.perf_counter() - self._t0
         self.chief = time.process_time() - self._cpu0
         self.switches = _switches() - self._switches0
+        ts = _thread_switches()
+        self.thread_switches = {k: v - self._thread_switches0.get(k, 0.0)
+                                for k, v in ts.items()}
         self.counter.counting = False
         self.servers = cpu_seconds(self.server_pids) - self._servers0
         t1 = _thread_cpu()
@@ -135,6 +148,8 @@ class _Meter:
                 / n * 1e3, "mb_per_s": n / self.wall,
                 "calls": sum(c for k, c in by_kind.items() if k != "trace") / n,
                 "traces": by_kind.get("trace", 0), "switches": self.switches / n,
+                "thread_switches": {k: v / n for k, v in self.thread_switches.items()
+                                    if v > 0},
                 "threads": {k: v / n * 1e3 for k, v in self.threads.items() if v > 0},
                 "by_op": {f"{k} {o}": c / n for (k, o), c in self.counter.counts.items()}}
 
@@ -293,7 +308,9 @@ def _in_cluster(mode: str, vws: int) -> dict:
 def _breakdown(h: dict, pss: dict) -> None:
     print(" " * 4 + "chief voluntary context switches per minibatch: "
           f"{h['switches']:.0f} (PSS 1 {pss['pss1']['switches']:.0f}, PSS K "
-          f"{pss['pssk']['switches']:.1f})")
+          f"{pss['pssk']['switches']:.1f}); by live thread: " + ", ".join(
+              f"{k} {v:.1f}" for k, v in sorted(h["thread_switches"].items(),
+                                                key=lambda kv: -kv[1]) if v >= 0.5))
     print(" " * 4 + "chief CPU ms per minibatch by thread: " + ", ".join(
         f"{k} {v:.2f}" for k, v in sorted(h["threads"].items(), key=lambda kv: -kv[1])
         if v >= 0.05))

@@ -38,6 +38,7 @@ def test_one_row_per_vw_count_with_pss_beside():
     switches = re.search(r"chief voluntary context switches per minibatch: (\d+) \(PSS 1 "
                          r"(\d+), PSS K ([\d.]+)\)", ran.stdout)
     assert switches and int(switches[1]) >= 1, ran.stdout
+    assert "); by live thread: " in ran.stdout, ran.stdout
     assert "chief CPU ms per minibatch by thread: " in ran.stdout, ran.stdout
 
 

@@ -1,9 +1,9 @@
-"""observe/threads.py: this process's CPU by thread name, from /proc."""
+"""observe/threads.py: this process's CPU and blocking by thread name, from /proc."""
 
 import threading
 import time
 
-from hetpipe_tf.observe.threads import thread_cpu
+from hetpipe_tf.observe.threads import thread_cpu, thread_switches
 
 
 def test_a_busy_thread_shows_its_cpu_under_its_name_and_an_idle_one_little():
@@ -36,3 +36,32 @@ def test_a_busy_thread_shows_its_cpu_under_its_name_and_an_idle_one_little():
 def test_native_threads_with_the_process_name_take_the_label_given():
     names = thread_cpu("(native)")
     assert "MainThread" in names and all(v >= 0 for v in names.values())
+
+
+def test_a_thread_that_waits_for_each_hand_off_shows_its_switches_under_its_name():
+    """30 hand-offs, each a wait on an Event the main thread sets every 2 ms: at least 20
+    voluntary switches for that thread (a set landing between its clear and its next wait
+    does not block it); a thread blocked once shows a few at most."""
+    go, done = threading.Event(), threading.Event()
+    seen = {}
+
+    def handed(n=30):
+        for _ in range(n):
+            go.wait()
+            go.clear()
+        seen.update(thread_switches())
+        done.wait()
+
+    waiter = threading.Thread(target=handed, name="waiter-thread")
+    idle = threading.Thread(target=done.wait, name="idle-thread")
+    waiter.start(), idle.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "waiter-thread" not in seen and time.monotonic() < deadline:
+            time.sleep(0.002)
+            go.set()
+    finally:
+        done.set()
+        waiter.join(), idle.join()
+    assert seen["waiter-thread"] >= 20, seen
+    assert seen["idle-thread"] <= 5, seen

@@ -6,6 +6,24 @@ import time
 from hetpipe_tf.observe.threads import thread_cpu, thread_switches
 
 
+def _run_beside_an_idle_thread(work, name: str, seen: dict, done: threading.Event,
+                               poke=lambda: None) -> None:
+    """`work` on a thread called `name` beside one called "idle-thread" that only waits for
+    `done`; returns once `work` put `name` into `seen` (calling `poke` every 2 ms), with
+    both threads joined."""
+    worker = threading.Thread(target=work, name=name)
+    idle = threading.Thread(target=done.wait, name="idle-thread")
+    worker.start(), idle.start()
+    try:
+        deadline = time.monotonic() + 60
+        while name not in seen and time.monotonic() < deadline:
+            time.sleep(0.002)
+            poke()
+    finally:
+        done.set()
+        worker.join(), idle.join()
+
+
 def test_a_busy_thread_shows_its_cpu_under_its_name_and_an_idle_one_little():
     done = threading.Event()
     seen = {}
@@ -17,16 +35,7 @@ def test_a_busy_thread_shows_its_cpu_under_its_name_and_an_idle_one_little():
         seen.update(thread_cpu())
         done.wait()
 
-    busy = threading.Thread(target=spin, name="busy-thread")
-    idle = threading.Thread(target=done.wait, name="idle-thread")
-    busy.start(), idle.start()
-    try:
-        deadline = time.monotonic() + 60
-        while "busy-thread" not in seen and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        done.set()
-        busy.join(), idle.join()
+    _run_beside_an_idle_thread(spin, "busy-thread", seen, done)
     # process_time counts every thread: the busy one spun for at most 0.3 s of CPU
     assert 0 < seen["busy-thread"] <= 0.3 + 0.05, seen
     assert seen.get("idle-thread", 0.0) < 0.05, seen
@@ -52,16 +61,6 @@ def test_a_thread_that_waits_for_each_hand_off_shows_its_switches_under_its_name
         seen.update(thread_switches())
         done.wait()
 
-    waiter = threading.Thread(target=handed, name="waiter-thread")
-    idle = threading.Thread(target=done.wait, name="idle-thread")
-    waiter.start(), idle.start()
-    try:
-        deadline = time.monotonic() + 60
-        while "waiter-thread" not in seen and time.monotonic() < deadline:
-            time.sleep(0.002)
-            go.set()
-    finally:
-        done.set()
-        waiter.join(), idle.join()
+    _run_beside_an_idle_thread(handed, "waiter-thread", seen, done, poke=go.set)
     assert seen["waiter-thread"] >= 20, seen
     assert seen["idle-thread"] <= 5, seen

@@ -33,8 +33,9 @@ nearly each is a remote request), the cluster's CPU per minibatch (chief + every
 process, /proc), and against the one process: "CPU eff" = one process's CPU per minibatch
 / the cluster's, "wall eff" = the cluster's minibatches per second / the one process's.
 `--breakdown` also prints the chief's voluntary context switches per minibatch (every
-thread's, getrusage; PSS's beside; and by live thread, /proc/self/task), its CPU by thread (/proc/self/task) and its calls by op and
-calling line. One run on whatever machine runs it; every process shares its cores.
+thread's, getrusage, with PSS's beside; and by live thread), its CPU by thread (both from
+/proc/self/task) and its calls by op and calling line. One run on whatever machine runs
+it; every process shares its cores.
 """
 
 from __future__ import annotations

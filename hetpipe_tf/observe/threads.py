@@ -21,7 +21,7 @@ def _by_name(read: Callable[[str], tuple[str, float]],
     for tid in os.listdir("/proc/self/task"):
         try:
             comm, value = read(tid)
-        except OSError:   # the thread ended meanwhile
+        except (OSError, LookupError, ValueError):   # it ended meanwhile (gone, or read empty)
             continue
         if native_label is not None and tid not in names and comm == own:
             comm = native_label

@@ -264,7 +264,8 @@ def test_a_stage_waits_for_its_wave_when_kerass_step_is_slower_and_a_run_ends_mi
     """Keras' step slower than the stage (a batch callback that sleeps): each stage still
     runs its waves in one call each, waiting for the rest of a wave rather than running
     what it has; a run whose last wave is short (13 batches, 2 VWs, N_m = 3) ends: the
-    drain runs what was queued. The results equal the reference."""
+    drain lets the stage run the short wave one call a minibatch. The results equal the
+    reference."""
     n_m, d = 3, 1
     slow_step = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: time.sleep(0.02))

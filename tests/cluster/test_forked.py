@@ -1,6 +1,5 @@
 """hetpipe_tf.cluster.forked: servers forked from one process that imported TensorFlow."""
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +9,7 @@ import pytest
 
 from benchmarks._wire import cpu_seconds
 from hetpipe_tf.cluster import forked, serve
+from hetpipe_tf.cluster.lifetime import stop_processes
 from hetpipe_tf.cluster.probe import wait_until_reachable
 from tests.benchmarks.binaries import ROOT
 
@@ -35,6 +35,7 @@ def test_servers_are_forked_with_tensorflow_imported_and_die_with_the_zygote():
 _CLIENT = """
 import threading, time
 from hetpipe_tf.cluster import forked, serve
+from hetpipe_tf.cluster.lifetime import stop_processes
 
 started = []
 def begin():   # from a thread that ends: the zygote must outlive it
@@ -66,6 +67,5 @@ def test_the_zygote_outlives_the_thread_that_started_it_and_ends_with_its_client
     finally:
         client.kill()
         client.wait(timeout=30)
-        for pid in pids:   # whatever is left after a failure, by its pid
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # Whatever is left after a failure, by its pid (the launcher's stopper).
+        stop_processes(pids, grace_s=5, first=signal.SIGKILL)
